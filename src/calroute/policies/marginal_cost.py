@@ -1,0 +1,80 @@
+"""marginal_cost: the paper's router (section III-A). Price every candidate by the request's expected
+marginal completion time on it, in seconds, and take the cheapest in each pool independently.
+
+    cost_dec(d) = sigma(s) * (w_b * backlog_s(d) + w_s * o_hat * tau_dec * (1 + rho * press_after(d)))
+                  + w_q * queue(d)
+    cost_pre(p) = sigma(s) * (w_b * backlog_s(p) + w_s * prompt * tau_pre) + w_q * queue(p)
+
+backlog_s is the ledger's estimate in *observed* seconds, never priced with tau: with a wrong tau the two
+terms disagree in units and the size term is mis-weighted, which is why calibration matters.
+press_after(d) = (max(kv_used, kv_committed) + prompt + o_hat) / kv_capacity: the KV pressure after this
+request joins, from the larger of the engine's sampled usage and the ledger's committed footprint.
+queue(d) is the in-flight count; w_q is a small tie-breaker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from calroute.costmodel.calibration import Calibration
+from calroute.policies.base import argmin_rotating, check, healthy
+from calroute.types import Admission, ClusterView, RouteDecision, SloClass
+
+
+@dataclass(frozen=True)
+class Params:
+    w_b: float = 1.0  # weight of the committed backlog (seconds)
+    w_s: float = 1.0  # weight of the request's own priced work (seconds)
+    w_q: float = 1e-3  # seconds per in-flight request: a tie-breaker
+    rho: float = 1.0  # how much post-admission KV pressure inflates decode work
+    sigma_tight: float = 2.0  # load amplifier for tight-SLO requests
+    sigma_loose: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("w_b", "w_s", "w_q", "rho"):
+            check(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("sigma_tight", "sigma_loose"):
+            check(getattr(self, name) > 0, f"{name} must be > 0, got {getattr(self, name)}")
+
+
+class MarginalCost:
+    name: ClassVar[str] = "marginal_cost"
+
+    def __init__(self, params: Params, calibration: Calibration) -> None:
+        self.params = params
+        self.tau_pre_s = calibration.tau_pre_s
+        self.tau_dec_s = calibration.tau_dec_s
+
+    def route(self, adm: Admission, view: ClusterView) -> RouteDecision:
+        pr = self.params
+        pre = healthy(view.prefill, "prefill")
+        dec = healthy(view.decode, "decode")
+        sigma = pr.sigma_tight if adm.slo_class is SloClass.TIGHT else pr.sigma_loose
+        prompt = adm.prompt_tokens
+        o_hat = adm.predicted_output_tokens
+
+        own_pre_s = pr.w_s * prompt * self.tau_pre_s
+        pre_costs = tuple(
+            sigma * (pr.w_b * s.backlog_s + own_pre_s) + pr.w_q * s.in_flight for s in pre
+        )
+        own_dec_s = pr.w_s * o_hat * self.tau_dec_s
+        footprint = prompt + o_hat
+        dec_costs = tuple(
+            sigma
+            * (
+                pr.w_b * s.backlog_s
+                + own_dec_s
+                * (
+                    1.0
+                    + pr.rho
+                    * (max(s.kv_used_tokens, s.kv_committed_tokens) + footprint)
+                    / s.kv_capacity_tokens
+                )
+            )
+            + pr.w_q * s.in_flight
+            for s in dec
+        )
+        p = argmin_rotating(pre_costs, view.seq)
+        d = argmin_rotating(dec_costs, view.seq)
+        return RouteDecision(pre[p].instance_id, dec[d].instance_id, pre_costs, dec_costs)

@@ -1,0 +1,117 @@
+"""Policy comparisons on the simulator: one run per (policy, seed), records streamed to disk."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from calroute.costmodel.calibration import Calibration
+from calroute.costmodel.predictors import make_predictor
+from calroute.costmodel.profiles import HardwareProfile
+from calroute.ledger import Ledger
+from calroute.metrics import RunSummary, SummaryAccumulator
+from calroute.policies import make_policy
+from calroute.records import RecordWriter, RequestRecord
+from calroute.router import Router
+from calroute.saturation import Probe, SaturationResult, find_saturation
+from calroute.seeds import derive_seed
+from calroute.sim.simulator import ClusterShape, ClusterSim, SimStats
+from calroute.types import RequestSpec
+from calroute.workload.source import WorkloadSource
+
+
+@dataclass(frozen=True)
+class SimSetup:
+    """Everything but the policy, the seed and the requests."""
+
+    profile: HardwareProfile
+    shape: ClusterShape
+    router_calibration: Calibration  # what the policy prices with; the profile is what the hardware does
+    predictor: str = "bucket"
+    predictor_noise: float = 0.0
+    policy_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    sample_interval_s: float = 0.05
+
+
+@dataclass(frozen=True)
+class RunResult:
+    policy: str
+    seed: int
+    rate_rps: float | None
+    summary: RunSummary
+    stats: SimStats
+    records_path: Path | None
+
+
+def simulate_run(
+    setup: SimSetup,
+    policy: str,
+    requests: Sequence[RequestSpec],
+    seed: int,
+    rate_rps: float | None = None,
+    records_path: Path | None = None,
+) -> RunResult:
+    """One simulated run. With ``records_path``, every record is streamed to that JSONL file."""
+    params = dict(setup.policy_params.get(policy, {}))
+    if policy in ("random", "power_of_two") and "seed" not in params:
+        params["seed"] = derive_seed(seed, "policy")
+    pol = make_policy(policy, params, setup.router_calibration)
+    predictor = make_predictor(
+        setup.predictor, noise=setup.predictor_noise, seed=derive_seed(seed, "predictor")
+    )
+    ledger = Ledger(setup.shape.instances(setup.profile.limits.kv_capacity_tokens), setup.router_calibration)
+    sim = ClusterSim(setup.profile, setup.shape, Router(pol, predictor, ledger), policy, setup.sample_interval_s)
+    acc = SummaryAccumulator(setup.profile.calibration.slo)
+    with ExitStack() as stack:
+        sink: Callable[[RequestRecord], None] = acc.add
+        if records_path is not None:
+            records_path.parent.mkdir(parents=True, exist_ok=True)
+            writer = RecordWriter(stack.enter_context(records_path.open("w")), flush_every=1024)
+
+            def sink(rec: RequestRecord) -> None:
+                acc.add(rec)
+                writer.write(rec)
+
+        stats = sim.run(requests, sink)
+    return RunResult(policy, seed, rate_rps, acc.summary(), stats, records_path)
+
+
+def compare(
+    setup: SimSetup,
+    workload: WorkloadSource,
+    policies: Sequence[str],
+    seeds: Sequence[int],
+    rate_rps: float | None,
+    out_dir: Path | None = None,
+    on_run: Callable[[RunResult], None] | None = None,
+) -> list[RunResult]:
+    """Every policy on every seed; a seed's requests are the same for every policy."""
+    results = []
+    for seed in seeds:
+        requests = workload.requests(rate_rps, seed)
+        for policy in policies:
+            path = None if out_dir is None else out_dir / "records" / f"{policy}-seed{seed}.jsonl"
+            r = simulate_run(setup, policy, requests, seed, rate_rps, path)
+            results.append(r)
+            if on_run is not None:
+                on_run(r)
+    return results
+
+
+def saturate(
+    setup: SimSetup,
+    workload: WorkloadSource,
+    target: float = 0.85,
+    reference_policy: str = "round_robin",
+    seed: int = 0,
+    on_probe: Callable[[Probe], None] | None = None,
+) -> SaturationResult:
+    """The rate at which ``reference_policy``'s goodput crosses ``target`` on this setup and workload."""
+
+    def measure(rate: float) -> float:
+        return simulate_run(setup, reference_policy, workload.requests(rate, seed), seed, rate).summary.goodput
+
+    return find_saturation(measure, target=target, on_probe=on_probe)

@@ -1,0 +1,268 @@
+"""A decode engine: continuous batching with a KV budget, advanced in closed form between events.
+
+Between two events the batch is fixed, so step k takes a + b*B + c*(C0 + B*(k-1)) seconds (C0: context
+tokens at the stretch start, growing by B per step) and k steps take an arithmetic series. The engine
+schedules one event at the next *boundary that matters*: the earliest completion, the step at which KV
+would overflow, or (when something new is waiting) the end of the step in progress.
+
+At each boundary, in vLLM's order: finished requests leave; requests whose KV arrived join; if the next
+step would not fit in KV, the most recently joined requests are preempted (freed, requeued at the front,
+recomputed on rejoining); then waiting requests are admitted while KV (minus a watermark) and the
+sequence limit allow: their KV is reserved and pulled from the prefill engine (latency + bytes/bandwidth),
+after which they join at the next boundary.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable
+
+from calroute.costmodel.calibration import DecodeCurve, PrefillCurve
+from calroute.costmodel.profiles import EngineLimits
+from calroute.sim.kernel import URGENT, Kernel
+from calroute.sim.requests import SimRequest
+
+
+class DecodeInstance:
+    def __init__(
+        self,
+        instance_id: str,
+        kernel: Kernel,
+        curve: DecodeCurve,
+        recompute_curve: PrefillCurve,
+        transfer_s: Callable[[int], float],
+        limits: EngineLimits,
+        on_pulled: Callable[[SimRequest], None],
+        on_first_tokens: Callable[[list[SimRequest]], None],
+        on_done: Callable[[SimRequest], None],
+        max_stretch_steps: int | None = None,
+    ) -> None:
+        """``max_stretch_steps=1`` makes this an iteration-level model (one event per step): the baseline
+        the closed form is benchmarked and tested against."""
+        self.instance_id = instance_id
+        self._kernel = kernel
+        self._a, self._b, self._c = curve.base_s, curve.per_seq_s, curve.per_ctx_token_s
+        self._recompute = recompute_curve
+        self._transfer_s = transfer_s
+        self.kv_capacity_tokens = limits.kv_capacity_tokens
+        self._admit_limit = int(limits.kv_capacity_tokens * (1.0 - limits.kv_watermark_frac))
+        self._max_seqs = limits.max_num_seqs
+        self._on_pulled = on_pulled
+        self._on_first_tokens = on_first_tokens
+        self._on_done = on_done
+        self._max_stretch = max_stretch_steps or 1 << 62
+
+        self._waiting: deque[SimRequest] = deque()
+        self._joiners: list[SimRequest] = []
+        self._transferring = 0
+        self._reserved = 0  # KV reserved for transfers in flight
+        self._running: dict[int, SimRequest] = {}
+        self._join_stack: list[int] = []  # join orders, newest last (lazy: finished ones are skipped)
+        self._finish_heap: list[tuple[int, int]] = []  # (finish step, join order)
+        self._next_order = 0
+        self._fresh: list[SimRequest] = []  # joined, first token not yet scheduled
+        self._prompt_sum = 0
+        self._join_sum = 0
+        # the current stretch
+        self._steps = 0
+        self._epoch_s = 0.0
+        self._extra_s = 0.0  # recompute time folded into the stretch's first step
+        self._step0_s = 0.0  # a + b*B + c*C0
+        self._growth_s = 0.0  # c*B: how much each step is slower than the previous one
+        self._version = 0
+        self._planned_s = math.inf
+        self.peak_kv_used_tokens = 0
+        self.preemptions = 0
+
+    # ---- closed-form stretch ------------------------------------------------------------------------
+
+    def _elapsed_s(self, k: int) -> float:
+        """Time from the stretch start to the end of its k-th step."""
+        if k <= 0:
+            return 0.0
+        return self._extra_s + k * self._step0_s + self._growth_s * k * (k - 1) / 2
+
+    def _steps_at(self, now_s: float) -> int:
+        """Whole steps of the current stretch completed by ``now_s``."""
+        d = now_s - self._epoch_s - self._extra_s
+        if d < self._step0_s:
+            return 0
+        g, a = self._growth_s, self._step0_s
+        if g > 0:
+            lin = a - g / 2
+            k = int((-lin + math.sqrt(lin * lin + 2 * g * d)) / g)
+        else:
+            k = int(d / a)
+        elapsed = now_s - self._epoch_s
+        while self._elapsed_s(k + 1) <= elapsed:
+            k += 1
+        while k > 0 and self._elapsed_s(k) > elapsed:
+            k -= 1
+        return k
+
+    def _context_tokens(self) -> int:
+        return self._prompt_sum + len(self._running) * self._steps - self._join_sum
+
+    # ---- arrivals -----------------------------------------------------------------------------------
+
+    def enqueue(self, req: SimRequest) -> None:
+        """A request whose prefill is done asks this engine to pull its KV and decode it."""
+        self._waiting.append(req)
+        self._poke()
+
+    def _transfer_done(self, req: SimRequest) -> None:
+        self._transferring -= 1
+        self._joiners.append(req)
+        self._on_pulled(req)
+        self._poke()
+
+    def _poke(self) -> None:
+        """Something new needs the scheduler: run it at the end of the step in progress (now if idle)."""
+        now = self._kernel.now_s
+        if not self._running:
+            if self._planned_s == math.inf:
+                self._boundary(now, 0)
+            return
+        k = self._steps_at(now)
+        if self._epoch_s + self._elapsed_s(k) < now:
+            k += 1
+        t = self._epoch_s + self._elapsed_s(k)
+        if t < self._planned_s:
+            self._schedule(t, k)
+
+    def _schedule(self, t: float, k: int) -> None:
+        self._version += 1
+        self._planned_s = t
+        self._kernel.at(t, self._on_event, (self._version, k))
+
+    def _on_event(self, arg: tuple[int, int]) -> None:
+        version, k = arg
+        if version == self._version:
+            self._boundary(self._kernel.now_s, k)
+
+    # ---- the scheduler, at a step boundary ----------------------------------------------------------
+
+    def _boundary(self, now: float, k: int) -> None:
+        self._planned_s = math.inf
+        self._steps += k
+        steps = self._steps
+        running = self._running
+        # 1. finished requests leave
+        heap = self._finish_heap
+        while heap and heap[0][0] <= steps:
+            _, order = heapq.heappop(heap)
+            req = running.pop(order, None)
+            if req is None:
+                continue  # preempted after this entry was pushed
+            self._prompt_sum -= req.prompt_tokens
+            self._join_sum -= req.join_step
+            req.running = False
+            req.emitted_tokens = req.output_tokens
+            req.last_token_s = now
+            self._on_done(req)
+        # 2. requests whose KV arrived join
+        extra = 0.0
+        if self._joiners:
+            for req in self._joiners:
+                self._reserved -= req.prompt_tokens
+                self._join(req)
+            self._joiners.clear()
+        # 3. the next step must fit: preempt the newest requests (vLLM's recompute preemption)
+        cap = self.kv_capacity_tokens
+        while running and self._context_tokens() + self._reserved + len(running) > cap:
+            self._preempt_newest()
+        # 4. admit waiting requests while KV and the sequence limit allow
+        waiting = self._waiting
+        while waiting:
+            req = waiting[0]
+            need = req.recompute_tokens or req.prompt_tokens
+            used = self._context_tokens() + self._reserved + len(running) + 1
+            if used + need > self._admit_limit or (
+                len(running) + self._transferring + len(self._joiners) >= self._max_seqs
+            ):
+                break
+            waiting.popleft()
+            if req.recompute_tokens:
+                c = self._recompute
+                extra += c.per_token_s * need + c.attn_s_per_token2 * need * need / 2
+                req.recompute_tokens = 0
+                self._join(req)
+            else:
+                self._reserved += req.prompt_tokens
+                self._transferring += 1
+                self._kernel.at(now + self._transfer_s(req.prompt_tokens), self._transfer_done, req, URGENT)
+        # 5. plan the next stretch
+        self._epoch_s = now
+        self._extra_s = extra
+        n = len(running)
+        if n == 0:
+            self._fresh.clear()
+            self._note_peak(0)
+            return
+        context = self._context_tokens()
+        self._step0_s = self._a + self._b * n + self._c * context
+        self._growth_s = self._c * n
+        k_kv = (cap - self._reserved - context) // n
+        k_next = min(heap[0][0] - steps, k_kv, self._max_stretch)
+        self._note_peak(context + n * k_next)
+        if self._fresh:
+            t1 = now + self._elapsed_s(1)
+            fresh = []
+            for r in self._fresh:
+                if r.running and r.first_token_s is None:
+                    r.first_token_s = t1
+                    fresh.append(r)
+            self._fresh.clear()
+            if fresh:
+                self._kernel.at(t1, self._first_tokens, fresh, URGENT)
+        self._schedule(now + self._elapsed_s(k_next), k_next)
+
+    def _join(self, req: SimRequest) -> None:
+        order = self._next_order
+        self._next_order += 1
+        req.join_order = order
+        req.join_step = self._steps - req.emitted_tokens
+        req.running = True
+        self._running[order] = req
+        self._join_stack.append(order)
+        if req.first_token_s is None:
+            self._fresh.append(req)
+        heapq.heappush(self._finish_heap, (req.join_step + req.output_tokens, order))
+        self._prompt_sum += req.prompt_tokens
+        self._join_sum += req.join_step
+
+    def _preempt_newest(self) -> None:
+        stack = self._join_stack
+        while stack[-1] not in self._running:
+            stack.pop()
+        req = self._running.pop(stack.pop())
+        self._prompt_sum -= req.prompt_tokens
+        self._join_sum -= req.join_step
+        req.running = False
+        req.emitted_tokens = self._steps - req.join_step
+        req.recompute_tokens = req.prompt_tokens + req.emitted_tokens
+        self.preemptions += 1
+        self._waiting.appendleft(req)
+
+    def _first_tokens(self, reqs: list[SimRequest]) -> None:
+        self._on_first_tokens(reqs)
+
+    def _note_peak(self, running_tokens: int) -> None:
+        used = running_tokens + self._reserved
+        if used > self.peak_kv_used_tokens:
+            self.peak_kv_used_tokens = used
+
+    # ---- engine metrics ------------------------------------------------------------------------------
+
+    def kv_used_tokens(self) -> int:
+        n = len(self._running)
+        steps = self._steps_at(self._kernel.now_s) if n else 0
+        return self._context_tokens() + n * steps + self._reserved
+
+    def running(self) -> int:
+        return len(self._running)
+
+    def waiting(self) -> int:
+        return len(self._waiting) + self._transferring + len(self._joiners)

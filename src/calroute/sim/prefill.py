@@ -1,0 +1,101 @@
+"""A prefill engine: FCFS queue, iterations that batch prompt tokens under a token budget (a prompt larger
+than what is left of the budget is chunked across iterations), and a KV budget: a prompt's KV is held from
+its first chunk until the decode engine has pulled it, and the head of the queue waits when KV is full."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+from calroute.costmodel.calibration import PrefillCurve
+from calroute.sim.kernel import URGENT, Kernel
+from calroute.sim.requests import SimRequest
+
+
+class PrefillInstance:
+    def __init__(
+        self,
+        instance_id: str,
+        kernel: Kernel,
+        curve: PrefillCurve,
+        kv_capacity_tokens: int,
+        max_batched_tokens: int,
+        on_prefill_done: Callable[[SimRequest], None],
+    ) -> None:
+        self.instance_id = instance_id
+        self._kernel = kernel
+        self._curve = curve
+        self.kv_capacity_tokens = kv_capacity_tokens
+        self._budget = max_batched_tokens
+        self._on_done = on_prefill_done
+        self._queue: deque[SimRequest] = deque()
+        self._busy = False
+        self._batch_size = 0
+        self.kv_used_tokens = 0
+        self.peak_kv_used_tokens = 0
+
+    def enqueue(self, req: SimRequest) -> None:
+        req.prefill_left_tokens = req.prompt_tokens
+        self._queue.append(req)
+        if not self._busy:
+            self._start_iteration()
+
+    def release_kv(self, req: SimRequest) -> None:
+        """The decode engine pulled (or gave up on) this request's KV."""
+        if req.prefill_kv_held:
+            req.prefill_kv_held = False
+            self.kv_used_tokens -= req.prompt_tokens
+            if not self._busy and self._queue:
+                self._start_iteration()
+
+    def _start_iteration(self) -> None:
+        budget = self._budget
+        tokens = 0
+        attn = 0.0
+        batch: list[tuple[SimRequest, int]] = []
+        for req in self._queue:
+            if not req.prefill_kv_held:
+                if self.kv_used_tokens + req.prompt_tokens > self.kv_capacity_tokens:
+                    break  # FCFS: the head waits for KV rather than being overtaken
+                req.prefill_kv_held = True
+                self.kv_used_tokens += req.prompt_tokens
+                if self.kv_used_tokens > self.peak_kv_used_tokens:
+                    self.peak_kv_used_tokens = self.kv_used_tokens
+            chunk = min(req.prefill_left_tokens, budget)
+            done_before = req.prompt_tokens - req.prefill_left_tokens
+            attn += chunk * (done_before + chunk / 2)
+            tokens += chunk
+            budget -= chunk
+            batch.append((req, chunk))
+            if budget == 0:
+                break
+        if not batch:
+            self._busy = False
+            return
+        c = self._curve
+        duration = c.base_s + c.per_token_s * tokens + c.attn_s_per_token2 * attn
+        self._busy = True
+        self._batch_size = len(batch)
+        self._kernel.at(self._kernel.now_s + duration, self._end_iteration, batch, URGENT)
+
+    def _end_iteration(self, batch: list[tuple[SimRequest, int]]) -> None:
+        now = self._kernel.now_s
+        for req, chunk in batch:
+            req.prefill_left_tokens -= chunk
+            if req.prefill_left_tokens == 0:
+                # Finished requests are at the head, in order: the batch was taken from the head.
+                self._queue.popleft()
+                req.prefill_done_s = now
+                self._on_done(req)
+        self._busy = False
+        self._batch_size = 0
+        if self._queue:
+            self._start_iteration()
+
+    # ---- engine metrics ------------------------------------------------------------------------------
+
+    def running(self) -> int:
+        return self._batch_size
+
+    def waiting(self) -> int:
+        return len(self._queue) - self._batch_size

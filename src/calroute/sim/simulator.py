@@ -1,0 +1,209 @@
+"""The simulated cluster: arrivals, the router, prefill and decode engines, KV transfers, records.
+
+The router sees only what a live proxy could: its ledger (fed at prefill done, first token and done, the
+moments a proxy observes) and engine metrics sampled every ``sample_interval_s`` (stale in between).
+Nothing of an engine's true remaining work reaches the policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from calroute.costmodel.profiles import HardwareProfile
+from calroute.errors import ConfigError
+from calroute.records import RequestRecord
+from calroute.router import Router
+from calroute.sim.decode import DecodeInstance
+from calroute.sim.kernel import LATE, Kernel
+from calroute.sim.prefill import PrefillInstance
+from calroute.sim.requests import SimRequest
+from calroute.types import InstanceSpec, RequestSpec, RequestStatus, Role
+
+RecordSink = Callable[[RequestRecord], None]
+
+
+@dataclass(frozen=True)
+class ClusterShape:
+    prefill: int
+    decode: int
+
+    def __post_init__(self) -> None:
+        if self.prefill < 1 or self.decode < 1:
+            raise ConfigError(f"a cluster needs at least 1 prefill and 1 decode instance, got {self}")
+
+    def instances(self, kv_capacity_tokens: int) -> list[InstanceSpec]:
+        return [
+            InstanceSpec(f"prefill-{i}", Role.PREFILL, kv_capacity_tokens) for i in range(self.prefill)
+        ] + [InstanceSpec(f"decode-{i}", Role.DECODE, kv_capacity_tokens) for i in range(self.decode)]
+
+
+@dataclass(frozen=True)
+class SimStats:
+    requests: int
+    events: int
+    end_s: float
+    preemptions: int
+    peak_kv_used_tokens: dict[str, int]
+
+
+class ClusterSim:
+    """One run: ``run(requests, sink)`` feeds every request to exactly one record in ``sink``."""
+
+    def __init__(
+        self,
+        profile: HardwareProfile,
+        shape: ClusterShape,
+        router: Router,
+        policy_name: str,
+        sample_interval_s: float = 0.05,
+        max_stretch_steps: int | None = None,
+    ) -> None:
+        if sample_interval_s <= 0:
+            raise ConfigError(f"sample_interval_s must be > 0, got {sample_interval_s}")
+        self.kernel = Kernel()
+        self._router = router
+        self._policy_name = policy_name
+        self._limits = profile.limits
+        self._sample_interval_s = sample_interval_s
+        cal = profile.calibration
+        lim = profile.limits
+        self.prefill = {
+            s.instance_id: PrefillInstance(
+                s.instance_id, self.kernel, cal.prefill, lim.kv_capacity_tokens, lim.max_batched_tokens,
+                self._prefill_done,
+            )
+            for s in shape.instances(lim.kv_capacity_tokens)
+            if s.role is Role.PREFILL
+        }
+        self.decode = {
+            s.instance_id: DecodeInstance(
+                s.instance_id, self.kernel, cal.decode, cal.prefill, cal.transfer_s, lim,
+                self._pulled, self._first_tokens, self._done, max_stretch_steps,
+            )
+            for s in shape.instances(lim.kv_capacity_tokens)
+            if s.role is Role.DECODE
+        }
+        self._sink: RecordSink = lambda rec: None
+        self._arrivals: Iterator[RequestSpec] = iter(())
+        self._in_flight = 0
+        self._more_arrivals = False
+        self._sampling = False
+        self._count = 0
+        self._last_arrival_s = 0.0
+
+    # ---- driving ------------------------------------------------------------------------------------
+
+    def run(self, requests: Iterable[RequestSpec], sink: RecordSink) -> SimStats:
+        self._sink = sink
+        self._arrivals = iter(requests)
+        self._schedule_next_arrival()
+        self.kernel.run()
+        if self._in_flight:
+            raise RuntimeError(f"simulation ended with {self._in_flight} requests still in flight")
+        return SimStats(
+            requests=self._count,
+            events=self.kernel.events_processed,
+            end_s=self.kernel.now_s,
+            preemptions=sum(d.preemptions for d in self.decode.values()),
+            peak_kv_used_tokens={
+                **{i: p.peak_kv_used_tokens for i, p in self.prefill.items()},
+                **{i: d.peak_kv_used_tokens for i, d in self.decode.items()},
+            },
+        )
+
+    def _schedule_next_arrival(self) -> None:
+        spec = next(self._arrivals, None)
+        self._more_arrivals = spec is not None
+        if spec is None:
+            return
+        if spec.arrival_s < self._last_arrival_s:
+            raise ConfigError(
+                f"request {spec.request_id!r} arrives at {spec.arrival_s} s, before the previous one "
+                f"({self._last_arrival_s} s): workloads must be sorted by arrival"
+            )
+        self._last_arrival_s = spec.arrival_s
+        self.kernel.at(spec.arrival_s, self._arrive, spec)
+
+    def _arrive(self, spec: RequestSpec) -> None:
+        now = self.kernel.now_s
+        self._count += 1
+        self._schedule_next_arrival()
+        if not self._sampling:
+            # A poller would have scraped the idle engines already: sample now, then periodically.
+            self._sampling = True
+            self._record_samples(now)
+            self.kernel.at(now + self._sample_interval_s, self._sample, None, LATE)
+        error = self._admission_error(spec)
+        if error is not None:
+            self._sink(
+                RequestRecord(
+                    spec.request_id, spec.slo_class, spec.prompt_tokens, spec.output_tokens, 0, 0,
+                    self._policy_name, None, None, spec.arrival_s, None, None, None,
+                    RequestStatus.REJECTED, error,
+                )
+            )
+            return
+        adm, decision = self._router.admit(
+            spec.request_id, spec.prompt_tokens, spec.slo_class, now, spec.output_tokens
+        )
+        req = SimRequest(
+            spec.request_id, spec.arrival_s, spec.prompt_tokens, spec.output_tokens, spec.slo_class,
+            adm.predicted_output_tokens, decision.prefill_id, decision.decode_id,
+        )
+        self._in_flight += 1
+        self.prefill[decision.prefill_id].enqueue(req)
+
+    def _admission_error(self, spec: RequestSpec) -> str | None:
+        if spec.prompt_tokens < 1 or spec.output_tokens < 1:
+            return "prompt_tokens and output_tokens must be >= 1"
+        limit = self._limits.max_request_tokens
+        if spec.prompt_tokens + spec.output_tokens > limit:
+            return (
+                f"prompt_tokens + output_tokens = {spec.prompt_tokens + spec.output_tokens} "
+                f"exceeds the engine limit of {limit} tokens"
+            )
+        return None
+
+    # ---- engine callbacks ---------------------------------------------------------------------------
+
+    def _prefill_done(self, req: SimRequest) -> None:
+        self._router.prefill_done(req.request_id, self.kernel.now_s)
+        self.decode[req.decode_id].enqueue(req)
+
+    def _pulled(self, req: SimRequest) -> None:
+        self.prefill[req.prefill_id].release_kv(req)
+
+    def _first_tokens(self, reqs: list[SimRequest]) -> None:
+        now = self.kernel.now_s
+        for req in reqs:
+            self._router.first_token(req.request_id, now)
+
+    def _done(self, req: SimRequest) -> None:
+        now = self.kernel.now_s
+        self._in_flight -= 1
+        self._router.done(req.request_id, req.prompt_tokens, req.output_tokens, now, ok=True)
+        self._sink(
+            RequestRecord(
+                req.request_id, req.slo_class, req.prompt_tokens, req.output_tokens,
+                req.predicted_output_tokens, req.output_tokens, self._policy_name, req.prefill_id,
+                req.decode_id, req.arrival_s, req.prefill_done_s, req.first_token_s, req.last_token_s,
+                RequestStatus.OK, None,
+            )
+        )
+
+    def _sample(self, _: None) -> None:
+        """Engine metrics as a poller would scrape them; stops when the run has nothing left to do."""
+        now = self.kernel.now_s
+        self._record_samples(now)
+        if self._in_flight or self._more_arrivals:
+            self.kernel.at(now + self._sample_interval_s, self._sample, None, LATE)
+        else:
+            self._sampling = False
+
+    def _record_samples(self, now: float) -> None:
+        ledger = self._router.ledger
+        for iid, p in self.prefill.items():
+            ledger.record_sample(iid, p.kv_used_tokens, p.running(), p.waiting(), now)
+        for iid, d in self.decode.items():
+            ledger.record_sample(iid, d.kv_used_tokens(), d.running(), d.waiting(), now)

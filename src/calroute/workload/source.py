@@ -1,0 +1,76 @@
+"""Workload sources: what a run draws its requests from (a synthetic family, or a trace), at a given rate."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from calroute.errors import ConfigError
+from calroute.types import RequestSpec
+from calroute.workload.families import FAMILIES, generate_family
+from calroute.workload.traces import Trace, load_trace
+
+
+class WorkloadSource(Protocol):
+    name: str
+
+    def requests(self, rate_rps: float | None, seed: int) -> list[RequestSpec]:
+        """The run's requests; ``rate_rps`` None means the source's own rate (traces only)."""
+        ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class FamilyWorkload:
+    family: str
+    n_requests: int
+    tight_fraction: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ConfigError(f"unknown workload {self.family!r}; known: {', '.join(FAMILIES)}")
+        if self.n_requests < 1:
+            raise ConfigError(f"--requests must be >= 1, got {self.n_requests}")
+
+    @property
+    def name(self) -> str:
+        return self.family
+
+    def requests(self, rate_rps: float | None, seed: int) -> list[RequestSpec]:
+        if rate_rps is None:
+            raise ConfigError(f"workload {self.family!r} needs a rate: give --rate or --saturate")
+        return generate_family(self.family, rate_rps, self.n_requests, seed, self.tight_fraction)
+
+    def describe(self) -> dict[str, Any]:
+        return {"workload": self.family, "requests": self.n_requests, "tight_fraction": self.tight_fraction}
+
+
+class TraceWorkload:
+    """A trace file; its arrivals are rescaled to the requested rate (the factor is reported)."""
+
+    def __init__(self, path: Path, n_requests: int | None, tight_fraction: float = 0.5) -> None:
+        self.path = path
+        self.n_requests = n_requests
+        self.tight_fraction = tight_fraction
+        self.name = path.name
+        self._last: Trace | None = None
+
+    def requests(self, rate_rps: float | None, seed: int) -> list[RequestSpec]:
+        trace = load_trace(
+            self.path, seed=seed, tight_fraction=self.tight_fraction, rate_rps=rate_rps, limit=self.n_requests
+        )
+        self._last = trace
+        return trace.requests
+
+    def describe(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"trace": str(self.path), "requests": self.n_requests}
+        if self._last is not None:
+            d.update(
+                format=self._last.format,
+                native_rate_rps=self._last.native_rate_rps,
+                scale_factor=self._last.scale_factor,
+                clamped=self._last.clamped,
+            )
+        return d

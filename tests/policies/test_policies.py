@@ -1,0 +1,168 @@
+"""Table-driven decisions of each policy on hand-built views."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from calroute.costmodel.calibration import Calibration
+from calroute.policies import make_policy
+from calroute.policies.base import argmin_rotating, mix64
+from calroute.types import SloClass
+from tests.conftest import make_admission, make_view
+
+
+@pytest.mark.parametrize(
+    ("keys", "start", "want"),
+    [
+        ([3, 1, 2], 0, 1),
+        ([1, 1, 1], 0, 0),
+        ([1, 1, 1], 2, 2),
+        ([1, 0, 0], 1, 1),
+        ([1, 0, 0], 2, 2),
+        ([0, 1, 0], 7, 2),
+    ],
+)
+def test_argmin_rotating(keys: list[float], start: int, want: int) -> None:
+    assert argmin_rotating(keys, start) == want
+
+
+def test_mix64_is_deterministic_and_spreads() -> None:
+    assert mix64(1, 2, 3) == mix64(1, 2, 3)
+    assert len({mix64(0, s, 1) % 4 for s in range(64)}) == 4
+
+
+def test_round_robin_cycles_each_pool(calibration: Calibration) -> None:
+    policy = make_policy("round_robin", {}, calibration)
+    picks = [policy.route(make_admission(), make_view(seq=s)) for s in range(8)]
+    assert [p.prefill_id for p in picks] == ["prefill-0", "prefill-1"] * 4
+    assert [p.decode_id for p in picks] == [f"decode-{i}" for i in range(4)] * 2
+
+
+@pytest.mark.parametrize(
+    ("decode", "seq", "want"),
+    [
+        ([{"in_flight": 3}, {"in_flight": 1}, {"in_flight": 2}], 0, "decode-1"),
+        ([{"in_flight": 1}, {"in_flight": 1}, {"in_flight": 1}], 1, "decode-1"),
+        ([{"in_flight": 0}, {"in_flight": 5, "healthy": False}, {"in_flight": 1}], 1, "decode-0"),
+        # JSQ ignores backlog seconds: only counts matter
+        ([{"in_flight": 1, "backlog_s": 0.0}, {"in_flight": 0, "backlog_s": 9.0}], 0, "decode-1"),
+    ],
+)
+def test_least_loaded(decode: list[dict[str, Any]], seq: int, want: str, calibration: Calibration) -> None:
+    d = make_policy("least_loaded", {}, calibration).route(make_admission(), make_view(decode=decode, seq=seq))
+    assert d.decode_id == want
+
+
+@pytest.mark.parametrize(
+    ("predicted", "seq", "want"),
+    [
+        (1000, 0, "decode-2"),  # long: fewest in flight
+        (1000, 3, "decode-2"),
+        (10, 0, "decode-0"),  # short: round robin by seq
+        (10, 1, "decode-1"),
+        (255, 2, "decode-2"),
+        (256, 1, "decode-2"),  # at the threshold counts as long
+    ],
+)
+def test_length_heuristic(predicted: int, seq: int, want: str, calibration: Calibration) -> None:
+    view = make_view(decode=[{"in_flight": 4}, {"in_flight": 3}, {"in_flight": 0}], seq=seq)
+    d = make_policy("length_heuristic", {}, calibration).route(
+        make_admission(predicted_output_tokens=predicted), view
+    )
+    assert d.decode_id == want
+
+
+def test_power_of_two_never_picks_the_most_loaded_of_two(calibration: Calibration) -> None:
+    policy = make_policy("power_of_two", {"seed": 3}, calibration)
+    view = make_view(decode=[{"in_flight": 9}, {"in_flight": 0}])
+    assert {policy.route(make_admission(), view._replace(seq=s)).decode_id for s in range(20)} == {"decode-1"}
+
+
+def test_power_of_two_avoids_the_worst_of_many(calibration: Calibration) -> None:
+    policy = make_policy("power_of_two", {}, calibration)
+    view = make_view(decode=[{"in_flight": 9}, {"in_flight": 1}, {"in_flight": 2}, {"in_flight": 3}])
+    picks = Counter(policy.route(make_admission(), view._replace(seq=s)).decode_id for s in range(400))
+    assert "decode-0" not in picks
+    assert picks["decode-1"] > picks["decode-3"]
+
+
+def test_random_is_roughly_uniform_and_seeded(calibration: Calibration) -> None:
+    a = make_policy("random", {"seed": 1}, calibration)
+    b = make_policy("random", {"seed": 2}, calibration)
+    picks_a = [a.route(make_admission(), make_view(seq=s)).decode_id for s in range(2000)]
+    picks_b = [b.route(make_admission(), make_view(seq=s)).decode_id for s in range(2000)]
+    counts = Counter(picks_a)
+    assert set(counts) == {f"decode-{i}" for i in range(4)}
+    assert all(400 < c < 600 for c in counts.values())
+    assert picks_a != picks_b
+
+
+# marginal_cost ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("decode", "adm", "want"),
+    [
+        # less committed backlog wins
+        ([{"backlog_s": 2.0}, {"backlog_s": 0.5}], {}, "decode-1"),
+        # equal backlog: lower post-admission KV pressure wins
+        ([{"kv_used_tokens": 50_000}, {"kv_used_tokens": 1_000}], {}, "decode-1"),
+        # the ledger's committed footprint counts when the sampled usage is stale and low
+        ([{"kv_committed_tokens": 55_000}, {"kv_used_tokens": 20_000}], {}, "decode-1"),
+        # a long request pays pressure more than a small backlog difference
+        (
+            [{"backlog_s": 0.0, "kv_used_tokens": 55_000}, {"backlog_s": 0.3, "kv_used_tokens": 0}],
+            {"predicted_output_tokens": 2000},
+            "decode-1",
+        ),
+        # ...but a short one takes the emptier queue
+        (
+            [{"backlog_s": 0.0, "kv_used_tokens": 55_000}, {"backlog_s": 0.3, "kv_used_tokens": 0}],
+            {"predicted_output_tokens": 4},
+            "decode-0",
+        ),
+        # all equal: the in-flight tie-breaker
+        ([{"in_flight": 2}, {"in_flight": 1}], {}, "decode-1"),
+    ],
+)
+def test_marginal_cost_decode(
+    decode: list[dict[str, Any]], adm: dict[str, Any], want: str, calibration: Calibration
+) -> None:
+    d = make_policy("marginal_cost", {}, calibration).route(make_admission(**adm), make_view(decode=decode))
+    assert d.decode_id == want
+    assert len(d.decode_scores) == len(decode)
+    assert min(d.decode_scores) == d.decode_scores[int(want[-1])]
+
+
+def test_marginal_cost_prefill_prefers_less_backlog(calibration: Calibration) -> None:
+    view = make_view(prefill=[{"backlog_s": 0.4}, {"backlog_s": 0.1, "in_flight": 3}])
+    assert make_policy("marginal_cost", {}, calibration).route(make_admission(), view).prefill_id == "prefill-1"
+
+
+def test_marginal_cost_weights_are_honoured(calibration: Calibration) -> None:
+    view = make_view(decode=[{"backlog_s": 0.0, "in_flight": 5}, {"backlog_s": 0.05, "in_flight": 0}])
+    assert make_policy("marginal_cost", {}, calibration).route(make_admission(), view).decode_id == "decode-0"
+    # with backlog ignored and queue counting dominant, the decision flips
+    queue_only = make_policy("marginal_cost", {"w_b": 0, "w_q": 1}, calibration)
+    assert queue_only.route(make_admission(), view).decode_id == "decode-1"
+
+
+def test_marginal_cost_mispriced_tau_changes_the_decision(calibration: Calibration) -> None:
+    """The size term is priced with tau and the backlog is observed: a wrong tau re-weights them."""
+    view = make_view(decode=[{"backlog_s": 0.0, "kv_used_tokens": 40_000}, {"backlog_s": 5.0}])
+    adm = make_admission(predicted_output_tokens=1500)
+    right = make_policy("marginal_cost", {}, calibration)
+    too_cheap = make_policy("marginal_cost", {}, replace(calibration, tau_dec_s=calibration.tau_dec_s / 7.4))
+    assert right.route(adm, view).decode_id == "decode-1"
+    assert too_cheap.route(adm, view).decode_id == "decode-0"
+
+
+def test_marginal_cost_sigma_scales_load_terms_not_the_tiebreak(calibration: Calibration) -> None:
+    view = make_view(decode=[{"backlog_s": 0.010, "in_flight": 0}, {"backlog_s": 0.0, "in_flight": 12}])
+    policy = make_policy("marginal_cost", {"sigma_tight": 4.0}, calibration)
+    assert policy.route(make_admission(slo_class=SloClass.LOOSE), view).decode_id == "decode-0"
+    assert policy.route(make_admission(slo_class=SloClass.TIGHT), view).decode_id == "decode-1"

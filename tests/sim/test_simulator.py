@@ -1,0 +1,151 @@
+"""Whole-cluster simulation: invariants under random workloads, determinism, rejection, signal staleness."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from calroute.costmodel.predictors import make_predictor
+from calroute.costmodel.profiles import HardwareProfile, get_profile
+from calroute.ledger import Ledger
+from calroute.policies import POLICIES, make_policy
+from calroute.records import RecordWriter, RequestRecord
+from calroute.router import Router
+from calroute.sim.simulator import ClusterShape, ClusterSim, SimStats
+from calroute.types import Admission, ClusterView, RequestSpec, RequestStatus, RouteDecision, SloClass
+
+PROFILE = get_profile("a40-qwen2.5-3b")
+
+
+def workload(n: int, rate: float, seed: int, max_prompt: int = 3000, max_out: int = 1500) -> list[RequestSpec]:
+    rng = random.Random(seed)
+    t = 0.0
+    out = []
+    for i in range(n):
+        t += rng.expovariate(rate)
+        out.append(
+            RequestSpec(
+                f"r{i}", t, rng.randint(1, max_prompt), rng.randint(1, max_out),
+                SloClass.TIGHT if rng.random() < 0.5 else SloClass.LOOSE,
+            )
+        )
+    return out
+
+
+def run(
+    reqs: list[RequestSpec], policy: str = "marginal_cost", shape: ClusterShape = ClusterShape(2, 4),
+    profile: HardwareProfile = PROFILE, hook: object = None,
+) -> tuple[list[RequestRecord], SimStats]:
+    ledger = Ledger(shape.instances(profile.limits.kv_capacity_tokens), profile.calibration)
+    router = Router(make_policy(policy, {}, profile.calibration), make_predictor("bucket"), ledger, hook)  # type: ignore[arg-type]
+    records: list[RequestRecord] = []
+    stats = ClusterSim(profile, shape, router, policy).run(reqs, records.append)
+    return records, stats
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.integers(1, 150),
+    rate=st.floats(0.5, 80.0),
+    seed=st.integers(0, 10_000),
+    policy=st.sampled_from(sorted(POLICIES)),
+    n_pre=st.integers(1, 3),
+    n_dec=st.integers(1, 4),
+    kv=st.sampled_from([8_000, 20_000, 60_000]),
+)
+def test_invariants(n: int, rate: float, seed: int, policy: str, n_pre: int, n_dec: int, kv: int) -> None:
+    from dataclasses import replace
+
+    profile = replace(PROFILE, limits=replace(PROFILE.limits, kv_capacity_tokens=kv))
+    reqs = workload(n, rate, seed)
+    records, stats = run(reqs, policy, ClusterShape(n_pre, n_dec), profile)
+    # every request ends in exactly one record
+    assert sorted(r.request_id for r in records) == sorted(r.request_id for r in reqs)
+    spec = {r.request_id: r for r in reqs}
+    for rec in records:
+        s = spec[rec.request_id]
+        if s.prompt_tokens + s.output_tokens > min(kv, profile.limits.max_model_len):
+            assert rec.status is RequestStatus.REJECTED and rec.error
+            continue
+        assert rec.status is RequestStatus.OK
+        assert rec.output_tokens == s.output_tokens
+        assert rec.prefill_done_s is not None and rec.first_token_s is not None and rec.last_token_s is not None
+        assert rec.arrival_s < rec.prefill_done_s < rec.first_token_s <= rec.last_token_s
+    # KV never over budget, on any engine
+    assert all(peak <= kv for peak in stats.peak_kv_used_tokens.values())
+
+
+def test_same_inputs_give_byte_identical_record_files(tmp_path: Path) -> None:
+    reqs = workload(400, 25.0, seed=7)
+    paths = []
+    for i in range(2):
+        records, _ = run(reqs)
+        path = tmp_path / f"run{i}.jsonl"
+        with path.open("w") as f:
+            w = RecordWriter(f)
+            for r in records:
+                w.write(r)
+        paths.append(path)
+    assert paths[0].read_bytes() == paths[1].read_bytes()
+    other, _ = run(workload(400, 25.0, seed=8))
+    assert [r.request_id for r in other] != [r.request_id for r in run(reqs)[0]] or other != run(reqs)[0]
+
+
+def test_too_long_requests_are_rejected_with_a_reason() -> None:
+    reqs = [
+        RequestSpec("ok", 0.1, 100, 10, SloClass.LOOSE),
+        RequestSpec("long", 0.2, 40_000, 10, SloClass.LOOSE),
+    ]
+    records, _ = run(reqs)
+    by_id = {r.request_id: r for r in records}
+    assert by_id["ok"].status is RequestStatus.OK
+    assert by_id["long"].status is RequestStatus.REJECTED
+    assert "exceeds the engine limit of 32768" in (by_id["long"].error or "")
+
+
+def test_policies_see_ledger_signals_and_metrics_at_most_one_sample_old() -> None:
+    seen: list[tuple[Admission, ClusterView]] = []
+
+    def hook(adm: Admission, view: ClusterView, d: RouteDecision) -> None:
+        seen.append((adm, view))
+
+    records, _ = run(workload(300, 30.0, seed=3), hook=hook)
+    assert len(seen) == 300
+    assert [v.seq for _, v in seen] == list(range(300))
+    ages = [s.metrics_age_s for _, v in seen for s in v.decode]
+    assert max(ages) <= 0.05 + 1e-9
+    assert any(s.backlog_s > 0 for _, v in seen for s in v.decode)
+    assert any(s.kv_used_tokens > 0 for _, v in seen for s in v.decode)
+
+
+def test_an_idle_cluster_serves_at_the_unloaded_latency() -> None:
+    """One request alone: TTFT = prefill + transfer + scheduler boundary + one decode step."""
+    cal = PROFILE.calibration
+    records, _ = run([RequestSpec("a", 1.0, 1024, 20, SloClass.TIGHT)], policy="round_robin")
+    (rec,) = records
+    want = cal.prefill.single_s(1024) + cal.transfer_s(1024) + cal.decode.step_s(1, 1024)
+    assert rec.ttft_s is not None
+    assert abs(rec.ttft_s - want) < 1e-9
+
+
+def test_closed_form_stretches_equal_the_iteration_level_model() -> None:
+    """Advancing decode in closed form gives the same timings as one event per step."""
+    reqs = workload(300, 12.0, seed=11, max_out=600)
+    shape = ClusterShape(2, 3)
+    out = []
+    for stretch in (None, 1):
+        ledger = Ledger(shape.instances(PROFILE.limits.kv_capacity_tokens), PROFILE.calibration)
+        router = Router(make_policy("least_loaded", {}, PROFILE.calibration), make_predictor("bucket"), ledger)
+        records: list[RequestRecord] = []
+        stats = ClusterSim(PROFILE, shape, router, "x", max_stretch_steps=stretch).run(reqs, records.append)
+        out.append((records, stats))
+    (fast, fast_stats), (slow, slow_stats) = out
+    assert slow_stats.events > fast_stats.events
+    assert [r.request_id for r in fast] == [r.request_id for r in slow]
+    for a, b in zip(fast, slow, strict=True):
+        assert (a.prefill_id, a.decode_id) == (b.prefill_id, b.decode_id)
+        for x, y in ((a.first_token_s, b.first_token_s), (a.last_token_s, b.last_token_s)):
+            assert x is not None and y is not None and abs(x - y) < 1e-6
