@@ -28,7 +28,10 @@ def make_state(instance_id: str = "decode-0", role: Role = Role.DECODE, **kw: An
 
 
 def make_view(
-    prefill: list[dict[str, Any]] | int = 2, decode: list[dict[str, Any]] | int = 4, seq: int = 0, now_s: float = 0.0
+    prefill: list[dict[str, Any]] | int = 2,
+    decode: list[dict[str, Any]] | int = 4,
+    seq: int = 0,
+    now_s: float = 0.0,
 ) -> ClusterView:
     pre = [{}] * prefill if isinstance(prefill, int) else prefill
     dec = [{}] * decode if isinstance(decode, int) else decode

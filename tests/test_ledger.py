@@ -120,8 +120,14 @@ def test_samples_health_and_errors(calibration: Calibration) -> None:
 @given(
     st.lists(
         st.tuples(
-            st.integers(0, 1), st.integers(0, 1), st.integers(1, 4000), st.integers(1, 800),
-            st.floats(0.0, 2.0), st.floats(0.0, 2.0), st.floats(0.0, 5.0), st.booleans(),
+            st.integers(0, 1),
+            st.integers(0, 1),
+            st.integers(1, 4000),
+            st.integers(1, 800),
+            st.floats(0.0, 2.0),
+            st.floats(0.0, 2.0),
+            st.floats(0.0, 5.0),
+            st.booleans(),
         ),
         min_size=1,
         max_size=40,
@@ -133,7 +139,7 @@ def test_any_event_order_keeps_the_books_consistent(
     """Random overlapping requests: backlogs never negative, and everything returns to zero."""
     led = Ledger(SPECS, get_profile("a40-qwen2.5-3b").calibration)
     events: list[tuple[float, int, str, int]] = []
-    for i, (p, d, prompt, out, t_pre, t_ft, t_dec, ok) in enumerate(reqs):
+    for i, (_, _, _, _, t_pre, t_ft, t_dec, _) in enumerate(reqs):
         t0 = i * 0.1
         events += [(t0, 0, "admit", i), (t0 + t_pre, 1, "pre", i), (t0 + t_pre + t_ft, 2, "ft", i)]
         events.append((t0 + t_pre + t_ft + t_dec, 3, "done", i))

@@ -27,7 +27,8 @@ from calroute.workload.source import FamilyWorkload, TraceWorkload, WorkloadSour
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 err = Console(stderr=True)
-out = Console()
+# Piped output (logs, CI) would otherwise be cut at 80 columns, which truncates the comparison table.
+out = Console() if Console().is_terminal else Console(width=120)
 
 DEFAULT_POLICIES = "round_robin,least_loaded,length_heuristic,marginal_cost"
 Workload = Enum("Workload", {f: f for f in FAMILIES}, type=str)  # type: ignore[misc]
@@ -41,7 +42,9 @@ def _parse_params(items: list[str], policies: list[str]) -> dict[str, dict[str, 
         if not sep or not dot or not name:
             raise ConfigError(f"--param {item!r}: expected POLICY.NAME=VALUE, e.g. marginal_cost.rho=2")
         if policy not in policies:
-            raise ConfigError(f"--param {item!r}: policy {policy!r} is not in --policies ({','.join(policies)})")
+            raise ConfigError(
+                f"--param {item!r}: policy {policy!r} is not in --policies ({','.join(policies)})"
+            )
         params.setdefault(policy, {})[name] = value
     return params
 
@@ -75,7 +78,9 @@ def run_simulation(
 
             def on_probe(p: Probe) -> None:
                 progress.advance(task)
-                progress.update(task, description=f"saturation search: {p.rate_rps:.2f} req/s -> {p.goodput:.3f}")
+                progress.update(
+                    task, description=f"saturation search: {p.rate_rps:.2f} req/s -> {p.goodput:.3f}"
+                )
 
             sat = saturate(setup, workload, target=saturate_target, on_probe=on_probe)
         rate_rps = sat.rate_rps
@@ -134,12 +139,12 @@ def print_table(results: list[RunResult], title: str) -> None:
     rows = [RunRow(r.policy, r.seed, r.summary) for r in results]
     policies = by_policy(rows)
     seeds = sorted({r.seed for r in rows})
-    table = Table(title=title)
-    table.add_column("policy")
+    table = Table(title=title, caption="goodput per seed s0.., mean, spread (max - min); P99 latencies: mean over seeds")
+    table.add_column("policy", no_wrap=True)
     for s in seeds:
-        table.add_column(f"seed {s}", justify="right")
-    for col in ("mean goodput", "spread", "P99 TTFT (s)", "P99 TPOT (s)"):
-        table.add_column(col, justify="right")
+        table.add_column(f"s{s}", justify="right", no_wrap=True, min_width=5)
+    for col in ("mean", "spread", "P99 TTFT s", "P99 TPOT s"):
+        table.add_column(col, justify="right", no_wrap=True)
     best = max(p.mean_goodput for p in policies)
     for p in policies:
         mean = f"{p.mean_goodput:.3f}"
@@ -163,7 +168,9 @@ def _profile(profile: str, calibration: Path | None) -> HardwareProfile:
 @app.command()
 def simulate(
     workload: Annotated[Workload | None, typer.Option(help="a synthetic workload family")] = None,
-    trace: Annotated[Path | None, typer.Option(help="a trace file: Azure CSV, Mooncake JSONL, lengths CSV")] = None,
+    trace: Annotated[
+        Path | None, typer.Option(help="a trace file: Azure CSV, Mooncake JSONL, lengths CSV")
+    ] = None,
     prefill: Annotated[int, typer.Option(min=1, help="prefill instances")] = 2,
     decode: Annotated[int, typer.Option(min=1, help="decode instances")] = 4,
     policies: Annotated[str, typer.Option(help=f"comma-separated, from: {', '.join(policy_names())}")] = (
@@ -176,7 +183,9 @@ def simulate(
     ] = False,
     saturation_target: Annotated[float, typer.Option(help="round_robin goodput defining saturation")] = 0.85,
     requests: Annotated[int, typer.Option(min=1, help="requests per run (a trace: the first N)")] = 2000,
-    tight_fraction: Annotated[float, typer.Option(min=0.0, max=1.0, help="share of tight-SLO requests")] = 0.5,
+    tight_fraction: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="share of tight-SLO requests")
+    ] = 0.5,
     predictor: Annotated[str, typer.Option(help=f"output-length predictor: {', '.join(PREDICTOR_NAMES)}")] = (
         "bucket"
     ),
@@ -190,8 +199,12 @@ def simulate(
     router_calibration: Annotated[
         Path | None, typer.Option(help="calibration JSON for the router's constants only (a mismatch study)")
     ] = None,
-    param: Annotated[list[str] | None, typer.Option(help="policy parameter, POLICY.NAME=VALUE (repeatable)")] = None,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="write records, summary.json, table.md")] = None,
+    param: Annotated[
+        list[str] | None, typer.Option(help="policy parameter, POLICY.NAME=VALUE (repeatable)")
+    ] = None,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="write records, summary.json, table.md")
+    ] = None,
     json_: Annotated[bool, typer.Option("--json", help="print one JSON object to stdout")] = False,
 ) -> None:
     """Compare routing policies on the simulated prefill/decode cluster."""
@@ -224,7 +237,12 @@ def simulate(
             else TraceWorkload(trace, requests, tight_fraction)  # type: ignore[arg-type]
         )
         results, result = run_simulation(
-            setup, source, policy_list, list(range(seeds)), rate, saturation_target if saturate_ else None,
+            setup,
+            source,
+            policy_list,
+            list(range(seeds)),
+            rate,
+            saturation_target if saturate_ else None,
             out_dir,
         )
     except CalrouteError as e:
@@ -242,7 +260,9 @@ def simulate(
 @app.command("profile")
 def profile_cmd(
     name: Annotated[str, typer.Argument(help=f"one of: {', '.join(profile_names())}")] = "a40-qwen2.5-3b",
-    out_file: Annotated[Path | None, typer.Option("--out", help="write the profile as a calibration file")] = None,
+    out_file: Annotated[
+        Path | None, typer.Option("--out", help="write the profile as a calibration file")
+    ] = None,
 ) -> None:
     """Show a hardware profile's constants (or save them as a calibration file)."""
     try:

@@ -35,11 +35,12 @@ def run_demo(out_dir: Path) -> None:
     report.write_text(
         "# calroute demo: routing policies on a simulated 2P+4D cluster\n\n"
         f"Command: `{COMMAND} --out {out_dir}`\n\n"
-        f"Workload: mixed-bursty (50 % chat, 25 % document, 25 % reasoning; bursty arrivals), 2,000 requests per "
-        f"run, half tight-SLO. Hardware profile `{hw.name}` (docs/hardware-profile.md). Rate "
+        "Workload: mixed-bursty (50 % chat, 25 % document, 25 % reasoning; bursty arrivals), 2,000 requests "
+        f"per run, half tight-SLO. Hardware profile `{hw.name}` (docs/hardware-profile.md). Rate "
         f"{summary['rate_rps']:.2f} req/s: where round-robin's goodput crosses 0.85 (saturation search).\n\n"
-        f"SLO targets: tight TTFT {slo.tight_ttft_s * 1e3:.0f} ms, TPOT {slo.tight_tpot_s * 1e3:.1f} ms; loose "
-        f"{slo.loose_factor:g}x. Goodput: the fraction of requests meeting both targets of their class.\n\n"
+        f"SLO targets: tight TTFT {slo.tight_ttft_s * 1e3:.0f} ms, TPOT {slo.tight_tpot_s * 1e3:.1f} ms; "
+        f"loose {slo.loose_factor:g}x. Goodput: the fraction of requests meeting both targets of their "
+        "class.\n\n"
         + markdown_table(rows)
         + "\nPer-request records: `records/`; all figures: `summary.json`.\n"
     )

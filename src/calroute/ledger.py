@@ -100,7 +100,12 @@ class Ledger:
     # ---- events -------------------------------------------------------------------------------------
 
     def admit(
-        self, request_id: str, prefill_id: str, decode_id: str, prompt_tokens: int, predicted_output_tokens: int,
+        self,
+        request_id: str,
+        prefill_id: str,
+        decode_id: str,
+        prompt_tokens: int,
+        predicted_output_tokens: int,
         now_s: float,
     ) -> None:
         if request_id in self._entries:
@@ -142,7 +147,7 @@ class Ledger:
         e.prefill.kv_committed_tokens -= e.prompt_tokens  # the decode engine has pulled the KV
         dec = e.decode
         dec.pending_tokens -= e.predicted_output_tokens
-        expiry = now_s + (e.predicted_output_tokens - 1) * self._tpot_s(dec)
+        expiry = now_s + (e.predicted_output_tokens - 1) * self._rate_s(dec)
         if expiry > now_s:
             heapq.heappush(dec.expiry_heap, (expiry, e.key))
             dec.active[e.key] = expiry
@@ -197,8 +202,6 @@ class Ledger:
         if v is None:
             v = self._pool_rate[b.spec.role].value()
         return self._prior[b.spec.role] if v is None else v
-
-    _tpot_s = _rate_s
 
     def backlog_s(self, instance_id: str, now_s: float) -> float:
         b = self._books[instance_id]

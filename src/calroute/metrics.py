@@ -35,10 +35,8 @@ class RunSummary:
 
 
 def is_good(rec: RequestRecord, slo: SloTargets) -> bool:
-    if rec.status is not RequestStatus.OK:
-        return False
     ttft, tpot = rec.ttft_s, rec.tpot_s
-    if ttft is None or tpot is None:
+    if rec.status is not RequestStatus.OK or ttft is None or tpot is None:
         return False
     return ttft <= slo.ttft_s(rec.slo_class) and tpot <= slo.tpot_s(rec.slo_class)
 
@@ -66,13 +64,11 @@ class SummaryAccumulator:
         self._first_arrival_s = min(self._first_arrival_s, rec.arrival_s)
         end = rec.last_token_s if rec.last_token_s is not None else rec.arrival_s
         self._last_event_s = max(self._last_event_s, end)
-        if rec.status is RequestStatus.OK:
-            ttft, tpot = rec.ttft_s, rec.tpot_s
-            if ttft is not None and tpot is not None:
-                self._ttft.append(ttft)
-                self._tpot.append(tpot)
-                if ttft <= self.slo.ttft_s(rec.slo_class) and tpot <= self.slo.tpot_s(rec.slo_class):
-                    self._good += 1
+        ttft, tpot = rec.ttft_s, rec.tpot_s
+        if rec.status is RequestStatus.OK and ttft is not None and tpot is not None:
+            self._ttft.append(ttft)
+            self._tpot.append(tpot)
+            self._good += is_good(rec, self.slo)
 
     def summary(self) -> RunSummary:
         n = self._requests

@@ -66,31 +66,25 @@ class RequestRecord(NamedTuple):
         return (self.last_token_s - self.first_token_s) / (self.output_tokens - 1)
 
 
-def _time(x: float | None) -> float | None:
+def _time(x: float | None) -> str:
     # Microsecond resolution keeps files readable; rounding is deterministic so files stay byte-identical.
-    return None if x is None else round(x, 6)
+    return "null" if x is None else repr(round(x, 6))
+
+
+def _str(x: str | None) -> str:
+    return "null" if x is None else json.dumps(x)
 
 
 def record_to_json(rec: RequestRecord) -> str:
-    return json.dumps(
-        {
-            "request_id": rec.request_id,
-            "slo_class": rec.slo_class.value,
-            "prompt_tokens": rec.prompt_tokens,
-            "target_output_tokens": rec.target_output_tokens,
-            "predicted_output_tokens": rec.predicted_output_tokens,
-            "output_tokens": rec.output_tokens,
-            "policy": rec.policy,
-            "prefill_id": rec.prefill_id,
-            "decode_id": rec.decode_id,
-            "arrival_s": _time(rec.arrival_s),
-            "prefill_done_s": _time(rec.prefill_done_s),
-            "first_token_s": _time(rec.first_token_s),
-            "last_token_s": _time(rec.last_token_s),
-            "status": rec.status.value,
-            "error": rec.error,
-        },
-        separators=(",", ":"),
+    """One JSON object, keys in RECORD_FIELDS order (formatted by hand: json.dumps of a dict is 3x slower)."""
+    return (
+        f'{{"request_id":{json.dumps(rec.request_id)},"slo_class":"{rec.slo_class.value}",'
+        f'"prompt_tokens":{rec.prompt_tokens},"target_output_tokens":{rec.target_output_tokens},'
+        f'"predicted_output_tokens":{rec.predicted_output_tokens},"output_tokens":{rec.output_tokens},'
+        f'"policy":{json.dumps(rec.policy)},"prefill_id":{_str(rec.prefill_id)},"decode_id":{_str(rec.decode_id)},'
+        f'"arrival_s":{_time(rec.arrival_s)},"prefill_done_s":{_time(rec.prefill_done_s)},'
+        f'"first_token_s":{_time(rec.first_token_s)},"last_token_s":{_time(rec.last_token_s)},'
+        f'"status":"{rec.status.value}","error":{_str(rec.error)}}}'
     )
 
 

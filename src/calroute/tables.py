@@ -64,7 +64,13 @@ def markdown_table(rows: Sequence[RunRow]) -> str:
         mean = _fmt(p.mean_goodput)
         if p.mean_goodput == best:
             mean = f"**{mean}**"
-        cells = [p.policy, *[_fmt(g) for g in p.goodputs], mean, _fmt(p.spread), _fmt(p.ttft_p99_s),
-                 _fmt(p.tpot_p99_s, 4)]
+        cells = [
+            p.policy,
+            *[_fmt(g) for g in p.goodputs],
+            mean,
+            _fmt(p.spread),
+            _fmt(p.ttft_p99_s),
+            _fmt(p.tpot_p99_s, 4),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -67,7 +67,9 @@ def test_unknown_policy_lists_the_known_ones(calibration: Calibration) -> None:
         ("random", {"seed": True}, "seed"),
     ],
 )
-def test_bad_parameter_values(name: str, params: dict[str, object], message: str, calibration: Calibration) -> None:
+def test_bad_parameter_values(
+    name: str, params: dict[str, object], message: str, calibration: Calibration
+) -> None:
     with pytest.raises(ConfigError, match=message):
         make_policy(name, params, calibration)
 

@@ -53,7 +53,9 @@ def test_round_robin_cycles_each_pool(calibration: Calibration) -> None:
     ],
 )
 def test_least_loaded(decode: list[dict[str, Any]], seq: int, want: str, calibration: Calibration) -> None:
-    d = make_policy("least_loaded", {}, calibration).route(make_admission(), make_view(decode=decode, seq=seq))
+    d = make_policy("least_loaded", {}, calibration).route(
+        make_admission(), make_view(decode=decode, seq=seq)
+    )
     assert d.decode_id == want
 
 
@@ -140,7 +142,9 @@ def test_marginal_cost_decode(
 
 def test_marginal_cost_prefill_prefers_less_backlog(calibration: Calibration) -> None:
     view = make_view(prefill=[{"backlog_s": 0.4}, {"backlog_s": 0.1, "in_flight": 3}])
-    assert make_policy("marginal_cost", {}, calibration).route(make_admission(), view).prefill_id == "prefill-1"
+    assert (
+        make_policy("marginal_cost", {}, calibration).route(make_admission(), view).prefill_id == "prefill-1"
+    )
 
 
 def test_marginal_cost_weights_are_honoured(calibration: Calibration) -> None:

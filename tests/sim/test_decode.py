@@ -29,9 +29,14 @@ class Harness:
         self.first: list[tuple[str, float]] = []
         self.pulled: list[str] = []
         self.engine = DecodeInstance(
-            "d0", self.kernel, CURVE, RECOMPUTE, lambda tokens: TRANSFER_S, limits or EngineLimits(),
+            "d0",
+            self.kernel,
+            CURVE,
+            RECOMPUTE,
+            lambda tokens: TRANSFER_S,
+            limits or EngineLimits(),
             lambda r: self.pulled.append(r.request_id),
-            lambda rs: self.first.extend((r.request_id, self.kernel.now_s) for r in rs),
+            lambda t, rs: self.first.extend((r.request_id, t) for r in rs),
             self.done.append,
         )
 
@@ -121,15 +126,24 @@ def test_waiting_requests_are_not_admitted_beyond_the_kv_budget() -> None:
     assert h.engine.peak_kv_used_tokens <= 1000
 
 
-def test_metrics_report_running_waiting_and_kv_in_use() -> None:
+def test_metrics_are_held_as_of_the_last_poll_tick() -> None:
     h = Harness()
     h.submit_at(0.0, make_req("a", 100, 1000))
     h.submit_at(0.0, make_req("b", 100, 1000))
-    samples: list[tuple[int, int, int]] = []
-    for t in (0.0005, 0.5):
-        h.kernel.at(t, lambda _: samples.append((h.engine.running(), h.engine.waiting(), h.engine.kv_used_tokens())))
+    samples: list[tuple[float, tuple[int, int, int]] | None] = []
+    for t in (0.0, 0.0005, 0.051, 0.5):
+        h.kernel.at(t, lambda _: samples.append(h.engine.metrics.read(h.kernel.now_s)))
     h.kernel.run()
-    assert samples[0] == (0, 2, 200)  # both transferring: KV reserved, not yet running
-    running, waiting, kv = samples[1]
-    assert (running, waiting) == (2, 0)
-    assert 200 < kv < 200 + 2 * 1000
+    assert samples[0] is None  # no poll has happened yet
+    # as polled at t=0, after the two requests arrived: both transferring, KV reserved, none running
+    assert samples[1] == (0.0, (200, 0, 2))
+    assert samples[2] is not None and samples[2][0] == 0.05 and samples[2][1][1:] == (2, 0)
+    last = samples[3]
+    assert last is not None
+    tick, (kv, running, waiting) = last
+    assert tick == pytest.approx(0.45) and (running, waiting) == (2, 0)
+    steps, t = 0, TRANSFER_S  # tokens emitted by each request by the tick, from the curve
+    while t + step(2, 200 + 2 * steps) <= tick:
+        t += step(2, 200 + 2 * steps)
+        steps += 1
+    assert kv == 200 + 2 * steps

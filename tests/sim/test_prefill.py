@@ -20,7 +20,9 @@ def make_req(rid: str, prompt: int) -> SimRequest:
 def build(budget: int = 2048, kv: int = 60_000) -> tuple[Kernel, PrefillInstance, list[tuple[str, float]]]:
     kernel = Kernel()
     done: list[tuple[str, float]] = []
-    inst = PrefillInstance("p0", kernel, CURVE, kv, budget, lambda r: done.append((r.request_id, kernel.now_s)))
+    inst = PrefillInstance(
+        "p0", kernel, CURVE, kv, budget, lambda r: done.append((r.request_id, kernel.now_s))
+    )
     return kernel, inst, done
 
 
@@ -34,7 +36,12 @@ def test_one_prompt_takes_the_curve_time() -> None:
 def test_prompts_queued_together_share_an_iteration_within_the_budget() -> None:
     kernel, inst, done = build(budget=2048)
     reqs = [make_req("busy", 500), make_req("a", 800), make_req("b", 800), make_req("c", 800)]
-    kernel.at(0.0, lambda _: [inst.enqueue(r) for r in reqs])
+
+    def submit(_: object) -> None:
+        for r in reqs:
+            inst.enqueue(r)
+
+    kernel.at(0.0, submit)
     kernel.run()
     t1 = CURVE.single_s(500)
     # a and b fit together in the next iteration (1600 <= 2048); c's first 448 tokens ride along (chunked)
@@ -60,7 +67,8 @@ def test_a_long_prompt_is_chunked_across_iterations() -> None:
 def test_head_waits_for_kv_until_the_decode_side_pulls() -> None:
     kernel, inst, done = build(kv=1500)
     a, b = make_req("a", 1000), make_req("b", 1000)
-    kernel.at(0.0, lambda _: (inst.enqueue(a), inst.enqueue(b)))
+    kernel.at(0.0, lambda _: inst.enqueue(a))
+    kernel.at(0.0, lambda _: inst.enqueue(b))
     kernel.run()
     assert [d[0] for d in done] == ["a"]  # b cannot start: a's KV is still held
     assert inst.kv_used_tokens == 1000

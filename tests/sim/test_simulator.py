@@ -20,7 +20,9 @@ from calroute.types import Admission, ClusterView, RequestSpec, RequestStatus, R
 PROFILE = get_profile("a40-qwen2.5-3b")
 
 
-def workload(n: int, rate: float, seed: int, max_prompt: int = 3000, max_out: int = 1500) -> list[RequestSpec]:
+def workload(
+    n: int, rate: float, seed: int, max_prompt: int = 3000, max_out: int = 1500
+) -> list[RequestSpec]:
     rng = random.Random(seed)
     t = 0.0
     out = []
@@ -28,7 +30,10 @@ def workload(n: int, rate: float, seed: int, max_prompt: int = 3000, max_out: in
         t += rng.expovariate(rate)
         out.append(
             RequestSpec(
-                f"r{i}", t, rng.randint(1, max_prompt), rng.randint(1, max_out),
+                f"r{i}",
+                t,
+                rng.randint(1, max_prompt),
+                rng.randint(1, max_out),
                 SloClass.TIGHT if rng.random() < 0.5 else SloClass.LOOSE,
             )
         )
@@ -36,9 +41,13 @@ def workload(n: int, rate: float, seed: int, max_prompt: int = 3000, max_out: in
 
 
 def run(
-    reqs: list[RequestSpec], policy: str = "marginal_cost", shape: ClusterShape = ClusterShape(2, 4),
-    profile: HardwareProfile = PROFILE, hook: object = None,
+    reqs: list[RequestSpec],
+    policy: str = "marginal_cost",
+    shape: ClusterShape | None = None,
+    profile: HardwareProfile = PROFILE,
+    hook: object = None,
 ) -> tuple[list[RequestRecord], SimStats]:
+    shape = shape or ClusterShape(2, 4)
     ledger = Ledger(shape.instances(profile.limits.kv_capacity_tokens), profile.calibration)
     router = Router(make_policy(policy, {}, profile.calibration), make_predictor("bucket"), ledger, hook)  # type: ignore[arg-type]
     records: list[RequestRecord] = []
@@ -72,7 +81,9 @@ def test_invariants(n: int, rate: float, seed: int, policy: str, n_pre: int, n_d
             continue
         assert rec.status is RequestStatus.OK
         assert rec.output_tokens == s.output_tokens
-        assert rec.prefill_done_s is not None and rec.first_token_s is not None and rec.last_token_s is not None
+        assert (
+            rec.prefill_done_s is not None and rec.first_token_s is not None and rec.last_token_s is not None
+        )
         assert rec.arrival_s < rec.prefill_done_s < rec.first_token_s <= rec.last_token_s
     # KV never over budget, on any engine
     assert all(peak <= kv for peak in stats.peak_kv_used_tokens.values())
@@ -138,7 +149,9 @@ def test_closed_form_stretches_equal_the_iteration_level_model() -> None:
     out = []
     for stretch in (None, 1):
         ledger = Ledger(shape.instances(PROFILE.limits.kv_capacity_tokens), PROFILE.calibration)
-        router = Router(make_policy("least_loaded", {}, PROFILE.calibration), make_predictor("bucket"), ledger)
+        router = Router(
+            make_policy("least_loaded", {}, PROFILE.calibration), make_predictor("bucket"), ledger
+        )
         records: list[RequestRecord] = []
         stats = ClusterSim(PROFILE, shape, router, "x", max_stretch_steps=stretch).run(reqs, records.append)
         out.append((records, stats))

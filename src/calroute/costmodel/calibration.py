@@ -23,7 +23,7 @@ SCHEMA_VERSION = 1
 REF_PROMPT_TOKENS = 1024
 REF_DECODE_BATCH = 32
 REF_CONTEXT_TOKENS = 1024
-# SLO rule: tight targets are this multiple of the reference latencies; loose targets are LOOSE_FACTOR x tight.
+# SLO rule: tight targets are this multiple of the reference latencies; loose = LOOSE_FACTOR x tight.
 TIGHT_SLO_FACTOR = 2.0
 LOOSE_FACTOR = 3.0
 
@@ -54,7 +54,7 @@ class PrefillCurve:
 
 @dataclass(frozen=True)
 class DecodeCurve:
-    """Time of one decode step: base + per_seq * batch + per_ctx_token * (total context tokens in the batch)."""
+    """Time of one decode step: base + per_seq * batch + per_ctx_token * (context tokens in the batch)."""
 
     base_s: float
     per_seq_s: float
@@ -134,7 +134,9 @@ class Calibration:
     def from_dict(cls, d: dict[str, Any]) -> Calibration:
         version = d.get("schema_version", SCHEMA_VERSION)
         if version != SCHEMA_VERSION:
-            raise CalibrationError(f"unsupported calibration schema_version {version} (expected {SCHEMA_VERSION})")
+            raise CalibrationError(
+                f"unsupported calibration schema_version {version} (expected {SCHEMA_VERSION})"
+            )
         try:
             return cls(
                 tau_pre_s=float(d["tau_pre_s"]),

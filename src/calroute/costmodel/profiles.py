@@ -91,7 +91,8 @@ class HardwareProfile:
 def roofline_profile(
     name: str, gpu: GpuSpec, model: ModelSpec, eff: Efficiency, limits: EngineLimits
 ) -> HardwareProfile:
-    """Curves from a roofline: weight and KV reads at achieved bandwidth, GEMMs and attention at achieved FLOPs.
+    """Curves from a roofline: weight and KV reads at achieved bandwidth, GEMMs and attention at achieved
+    FLOPs.
 
     Terms are added, not overlapped (no max()): an upper bound of the roofline, and what a linear curve of
     the calibrated form can represent.
@@ -118,7 +119,9 @@ def roofline_profile(
         "efficiency": {k: v for k, v in vars(eff).items()},
     }
     cal = derive_calibration(prefill, decode, transfer, model.kv_bytes_per_token, provenance)
-    return HardwareProfile(name=name, calibration=cal, limits=replace(limits, max_model_len=model.max_model_len))
+    return HardwareProfile(
+        name=name, calibration=cal, limits=replace(limits, max_model_len=model.max_model_len)
+    )
 
 
 # NVIDIA A40 datasheet: 696 GB/s GDDR6, 149.7 TFLOPS dense BF16 (tensor cores, without sparsity).

@@ -55,9 +55,7 @@ class MarginalCost:
         o_hat = adm.predicted_output_tokens
 
         own_pre_s = pr.w_s * prompt * self.tau_pre_s
-        pre_costs = tuple(
-            sigma * (pr.w_b * s.backlog_s + own_pre_s) + pr.w_q * s.in_flight for s in pre
-        )
+        pre_costs = tuple(sigma * (pr.w_b * s.backlog_s + own_pre_s) + pr.w_q * s.in_flight for s in pre)
         own_dec_s = pr.w_s * o_hat * self.tau_dec_s
         footprint = prompt + o_hat
         dec_costs = tuple(

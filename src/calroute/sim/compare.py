@@ -63,7 +63,9 @@ def simulate_run(
         setup.predictor, noise=setup.predictor_noise, seed=derive_seed(seed, "predictor")
     )
     ledger = Ledger(setup.shape.instances(setup.profile.limits.kv_capacity_tokens), setup.router_calibration)
-    sim = ClusterSim(setup.profile, setup.shape, Router(pol, predictor, ledger), policy, setup.sample_interval_s)
+    sim = ClusterSim(
+        setup.profile, setup.shape, Router(pol, predictor, ledger), policy, setup.sample_interval_s
+    )
     acc = SummaryAccumulator(setup.profile.calibration.slo)
     with ExitStack() as stack:
         sink: Callable[[RequestRecord], None] = acc.add
@@ -112,6 +114,8 @@ def saturate(
     """The rate at which ``reference_policy``'s goodput crosses ``target`` on this setup and workload."""
 
     def measure(rate: float) -> float:
-        return simulate_run(setup, reference_policy, workload.requests(rate, seed), seed, rate).summary.goodput
+        return simulate_run(
+            setup, reference_policy, workload.requests(rate, seed), seed, rate
+        ).summary.goodput
 
     return find_saturation(measure, target=target, on_probe=on_probe)

@@ -23,6 +23,7 @@ from calroute.costmodel.calibration import DecodeCurve, PrefillCurve
 from calroute.costmodel.profiles import EngineLimits
 from calroute.sim.kernel import URGENT, Kernel
 from calroute.sim.requests import SimRequest
+from calroute.sim.sampling import HeldMetrics, Metrics
 
 
 class DecodeInstance:
@@ -35,9 +36,10 @@ class DecodeInstance:
         transfer_s: Callable[[int], float],
         limits: EngineLimits,
         on_pulled: Callable[[SimRequest], None],
-        on_first_tokens: Callable[[list[SimRequest]], None],
+        on_first_tokens: Callable[[float, list[SimRequest]], None],
         on_done: Callable[[SimRequest], None],
         max_stretch_steps: int | None = None,
+        sample_interval_s: float = 0.05,
     ) -> None:
         """``max_stretch_steps=1`` makes this an iteration-level model (one event per step): the baseline
         the closed form is benchmarked and tested against."""
@@ -75,6 +77,7 @@ class DecodeInstance:
         self._planned_s = math.inf
         self.peak_kv_used_tokens = 0
         self.preemptions = 0
+        self.metrics = HeldMetrics(sample_interval_s, self._metrics_at)
 
     # ---- closed-form stretch ------------------------------------------------------------------------
 
@@ -109,10 +112,12 @@ class DecodeInstance:
 
     def enqueue(self, req: SimRequest) -> None:
         """A request whose prefill is done asks this engine to pull its KV and decode it."""
+        self.metrics.touch(self._kernel.now_s)
         self._waiting.append(req)
         self._poke()
 
     def _transfer_done(self, req: SimRequest) -> None:
+        self.metrics.touch(self._kernel.now_s)
         self._transferring -= 1
         self._joiners.append(req)
         self._on_pulled(req)
@@ -140,7 +145,9 @@ class DecodeInstance:
     def _on_event(self, arg: tuple[int, int]) -> None:
         version, k = arg
         if version == self._version:
-            self._boundary(self._kernel.now_s, k)
+            now = self._kernel.now_s
+            self.metrics.touch(now)
+            self._boundary(now, k)
 
     # ---- the scheduler, at a step boundary ----------------------------------------------------------
 
@@ -216,7 +223,7 @@ class DecodeInstance:
                     fresh.append(r)
             self._fresh.clear()
             if fresh:
-                self._kernel.at(t1, self._first_tokens, fresh, URGENT)
+                self._on_first_tokens(t1, fresh)
         self._schedule(now + self._elapsed_s(k_next), k_next)
 
     def _join(self, req: SimRequest) -> None:
@@ -246,23 +253,13 @@ class DecodeInstance:
         self.preemptions += 1
         self._waiting.appendleft(req)
 
-    def _first_tokens(self, reqs: list[SimRequest]) -> None:
-        self._on_first_tokens(reqs)
-
     def _note_peak(self, running_tokens: int) -> None:
         used = running_tokens + self._reserved
         if used > self.peak_kv_used_tokens:
             self.peak_kv_used_tokens = used
 
-    # ---- engine metrics ------------------------------------------------------------------------------
-
-    def kv_used_tokens(self) -> int:
+    def _metrics_at(self, t: float) -> Metrics:
+        """KV in use, running and waiting at ``t``, within the current stretch."""
         n = len(self._running)
-        steps = self._steps_at(self._kernel.now_s) if n else 0
-        return self._context_tokens() + n * steps + self._reserved
-
-    def running(self) -> int:
-        return len(self._running)
-
-    def waiting(self) -> int:
-        return len(self._waiting) + self._transferring + len(self._joiners)
+        kv = self._context_tokens() + (n * self._steps_at(t) if n else 0) + self._reserved
+        return kv, n, len(self._waiting) + self._transferring + len(self._joiners)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from calroute.costmodel.calibration import PrefillCurve
 from calroute.sim.kernel import URGENT, Kernel
 from calroute.sim.requests import SimRequest
+from calroute.sim.sampling import HeldMetrics, Metrics
 
 
 class PrefillInstance:
@@ -21,6 +22,7 @@ class PrefillInstance:
         kv_capacity_tokens: int,
         max_batched_tokens: int,
         on_prefill_done: Callable[[SimRequest], None],
+        sample_interval_s: float = 0.05,
     ) -> None:
         self.instance_id = instance_id
         self._kernel = kernel
@@ -33,8 +35,10 @@ class PrefillInstance:
         self._batch_size = 0
         self.kv_used_tokens = 0
         self.peak_kv_used_tokens = 0
+        self.metrics = HeldMetrics(sample_interval_s, self._metrics_at)
 
     def enqueue(self, req: SimRequest) -> None:
+        self.metrics.touch(self._kernel.now_s)
         req.prefill_left_tokens = req.prompt_tokens
         self._queue.append(req)
         if not self._busy:
@@ -43,6 +47,7 @@ class PrefillInstance:
     def release_kv(self, req: SimRequest) -> None:
         """The decode engine pulled (or gave up on) this request's KV."""
         if req.prefill_kv_held:
+            self.metrics.touch(self._kernel.now_s)
             req.prefill_kv_held = False
             self.kv_used_tokens -= req.prompt_tokens
             if not self._busy and self._queue:
@@ -80,6 +85,7 @@ class PrefillInstance:
 
     def _end_iteration(self, batch: list[tuple[SimRequest, int]]) -> None:
         now = self._kernel.now_s
+        self.metrics.touch(now)
         for req, chunk in batch:
             req.prefill_left_tokens -= chunk
             if req.prefill_left_tokens == 0:
@@ -92,10 +98,5 @@ class PrefillInstance:
         if self._queue:
             self._start_iteration()
 
-    # ---- engine metrics ------------------------------------------------------------------------------
-
-    def running(self) -> int:
-        return self._batch_size
-
-    def waiting(self) -> int:
-        return len(self._queue) - self._batch_size
+    def _metrics_at(self, _: float) -> Metrics:
+        return self.kv_used_tokens, self._batch_size, len(self._queue) - self._batch_size

@@ -1,12 +1,13 @@
 """The simulated cluster: arrivals, the router, prefill and decode engines, KV transfers, records.
 
 The router sees only what a live proxy could: its ledger (fed at prefill done, first token and done, the
-moments a proxy observes) and engine metrics sampled every ``sample_interval_s`` (stale in between).
-Nothing of an engine's true remaining work reaches the policy.
+moments a proxy observes, in time order) and engine metrics as polled every ``sample_interval_s`` (stale
+in between; see sampling.py). Nothing of an engine's true remaining work reaches the policy.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -15,7 +16,7 @@ from calroute.errors import ConfigError
 from calroute.records import RequestRecord
 from calroute.router import Router
 from calroute.sim.decode import DecodeInstance
-from calroute.sim.kernel import LATE, Kernel
+from calroute.sim.kernel import Kernel
 from calroute.sim.prefill import PrefillInstance
 from calroute.sim.requests import SimRequest
 from calroute.types import InstanceSpec, RequestSpec, RequestStatus, Role
@@ -65,12 +66,15 @@ class ClusterSim:
         self._router = router
         self._policy_name = policy_name
         self._limits = profile.limits
-        self._sample_interval_s = sample_interval_s
         cal = profile.calibration
         lim = profile.limits
         self.prefill = {
             s.instance_id: PrefillInstance(
-                s.instance_id, self.kernel, cal.prefill, lim.kv_capacity_tokens, lim.max_batched_tokens,
+                s.instance_id,
+                self.kernel,
+                cal.prefill,
+                lim.kv_capacity_tokens,
+                lim.max_batched_tokens,
                 self._prefill_done,
             )
             for s in shape.instances(lim.kv_capacity_tokens)
@@ -78,8 +82,16 @@ class ClusterSim:
         }
         self.decode = {
             s.instance_id: DecodeInstance(
-                s.instance_id, self.kernel, cal.decode, cal.prefill, cal.transfer_s, lim,
-                self._pulled, self._first_tokens, self._done, max_stretch_steps,
+                s.instance_id,
+                self.kernel,
+                cal.decode,
+                cal.prefill,
+                cal.transfer_s,
+                lim,
+                self._pulled,
+                self._first_tokens,
+                self._done,
+                max_stretch_steps,
             )
             for s in shape.instances(lim.kv_capacity_tokens)
             if s.role is Role.DECODE
@@ -87,8 +99,13 @@ class ClusterSim:
         self._sink: RecordSink = lambda rec: None
         self._arrivals: Iterator[RequestSpec] = iter(())
         self._in_flight = 0
-        self._more_arrivals = False
-        self._sampling = False
+        # first tokens are known when a decode stretch is planned; the router hears of them at their time
+        self._first_token_heap: list[tuple[float, int, SimRequest]] = []
+        self._first_token_seq = 0
+        self._engines: list[PrefillInstance | DecodeInstance] = [
+            *self.prefill.values(),
+            *self.decode.values(),
+        ]
         self._count = 0
         self._last_arrival_s = 0.0
 
@@ -114,7 +131,6 @@ class ClusterSim:
 
     def _schedule_next_arrival(self) -> None:
         spec = next(self._arrivals, None)
-        self._more_arrivals = spec is not None
         if spec is None:
             return
         if spec.arrival_s < self._last_arrival_s:
@@ -129,27 +145,42 @@ class ClusterSim:
         now = self.kernel.now_s
         self._count += 1
         self._schedule_next_arrival()
-        if not self._sampling:
-            # A poller would have scraped the idle engines already: sample now, then periodically.
-            self._sampling = True
-            self._record_samples(now)
-            self.kernel.at(now + self._sample_interval_s, self._sample, None, LATE)
         error = self._admission_error(spec)
         if error is not None:
             self._sink(
                 RequestRecord(
-                    spec.request_id, spec.slo_class, spec.prompt_tokens, spec.output_tokens, 0, 0,
-                    self._policy_name, None, None, spec.arrival_s, None, None, None,
-                    RequestStatus.REJECTED, error,
+                    spec.request_id,
+                    spec.slo_class,
+                    spec.prompt_tokens,
+                    spec.output_tokens,
+                    0,
+                    0,
+                    self._policy_name,
+                    None,
+                    None,
+                    spec.arrival_s,
+                    None,
+                    None,
+                    None,
+                    RequestStatus.REJECTED,
+                    error,
                 )
             )
             return
+        self._notify_first_tokens(now)
+        self._record_samples(now)
         adm, decision = self._router.admit(
             spec.request_id, spec.prompt_tokens, spec.slo_class, now, spec.output_tokens
         )
         req = SimRequest(
-            spec.request_id, spec.arrival_s, spec.prompt_tokens, spec.output_tokens, spec.slo_class,
-            adm.predicted_output_tokens, decision.prefill_id, decision.decode_id,
+            spec.request_id,
+            spec.arrival_s,
+            spec.prompt_tokens,
+            spec.output_tokens,
+            spec.slo_class,
+            adm.predicted_output_tokens,
+            decision.prefill_id,
+            decision.decode_id,
         )
         self._in_flight += 1
         self.prefill[decision.prefill_id].enqueue(req)
@@ -168,42 +199,56 @@ class ClusterSim:
     # ---- engine callbacks ---------------------------------------------------------------------------
 
     def _prefill_done(self, req: SimRequest) -> None:
+        self._notify_first_tokens(self.kernel.now_s)
         self._router.prefill_done(req.request_id, self.kernel.now_s)
         self.decode[req.decode_id].enqueue(req)
 
     def _pulled(self, req: SimRequest) -> None:
         self.prefill[req.prefill_id].release_kv(req)
 
-    def _first_tokens(self, reqs: list[SimRequest]) -> None:
-        now = self.kernel.now_s
+    def _first_tokens(self, t_s: float, reqs: list[SimRequest]) -> None:
         for req in reqs:
-            self._router.first_token(req.request_id, now)
+            heapq.heappush(self._first_token_heap, (t_s, self._first_token_seq, req))
+            self._first_token_seq += 1
+
+    def _notify_first_tokens(self, now: float) -> None:
+        """Tell the router of first tokens emitted up to ``now``, in order, before it hears anything later."""
+        heap = self._first_token_heap
+        first_token = self._router.first_token
+        while heap and heap[0][0] <= now:
+            t, _, req = heapq.heappop(heap)
+            first_token(req.request_id, t)
 
     def _done(self, req: SimRequest) -> None:
         now = self.kernel.now_s
+        self._notify_first_tokens(now)
         self._in_flight -= 1
         self._router.done(req.request_id, req.prompt_tokens, req.output_tokens, now, ok=True)
         self._sink(
             RequestRecord(
-                req.request_id, req.slo_class, req.prompt_tokens, req.output_tokens,
-                req.predicted_output_tokens, req.output_tokens, self._policy_name, req.prefill_id,
-                req.decode_id, req.arrival_s, req.prefill_done_s, req.first_token_s, req.last_token_s,
-                RequestStatus.OK, None,
+                req.request_id,
+                req.slo_class,
+                req.prompt_tokens,
+                req.output_tokens,
+                req.predicted_output_tokens,
+                req.output_tokens,
+                self._policy_name,
+                req.prefill_id,
+                req.decode_id,
+                req.arrival_s,
+                req.prefill_done_s,
+                req.first_token_s,
+                req.last_token_s,
+                RequestStatus.OK,
+                None,
             )
         )
 
-    def _sample(self, _: None) -> None:
-        """Engine metrics as a poller would scrape them; stops when the run has nothing left to do."""
-        now = self.kernel.now_s
-        self._record_samples(now)
-        if self._in_flight or self._more_arrivals:
-            self.kernel.at(now + self._sample_interval_s, self._sample, None, LATE)
-        else:
-            self._sampling = False
-
     def _record_samples(self, now: float) -> None:
-        ledger = self._router.ledger
-        for iid, p in self.prefill.items():
-            ledger.record_sample(iid, p.kv_used_tokens, p.running(), p.waiting(), now)
-        for iid, d in self.decode.items():
-            ledger.record_sample(iid, d.kv_used_tokens(), d.running(), d.waiting(), now)
+        """Hand the ledger each engine's metrics as last polled."""
+        record = self._router.ledger.record_sample
+        for engine in self._engines:
+            sample = engine.metrics.read(now)
+            if sample is not None:
+                t, (kv, running, waiting) = sample
+                record(engine.instance_id, kv, running, waiting, t)

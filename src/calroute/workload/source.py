@@ -13,7 +13,8 @@ from calroute.workload.traces import Trace, load_trace
 
 
 class WorkloadSource(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def requests(self, rate_rps: float | None, seed: int) -> list[RequestSpec]:
         """The run's requests; ``rate_rps`` None means the source's own rate (traces only)."""

@@ -1,0 +1,1 @@
+"""Workloads: seeded arrival processes, the synthetic workload families and the trace loaders."""

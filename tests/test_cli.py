@@ -1,0 +1,209 @@
+"""`calroute simulate` and `calroute profile` end to end (in process), including errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from calroute.cli import app
+from calroute.records import read_records
+
+TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"
+runner = CliRunner()
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    res = runner.invoke(app, list(args))
+    return res.exit_code, res.stdout, res.stderr
+
+
+def test_simulate_json_has_the_documented_shape() -> None:
+    code, out, _ = invoke(
+        "simulate", "--workload", "chat", "--rate", "8", "--seeds", "2", "--requests", "150", "--json"
+    )
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["rate_rps"] == 8.0
+    assert len(doc["runs"]) == 8
+    assert {r["policy"] for r in doc["runs"]} == {
+        "round_robin",
+        "least_loaded",
+        "length_heuristic",
+        "marginal_cost",
+    }
+    for r in doc["runs"]:
+        assert {
+            "policy",
+            "seed",
+            "requests",
+            "goodput",
+            "ttft_p50_s",
+            "ttft_p99_s",
+            "tpot_p50_s",
+            "tpot_p99_s",
+        } <= set(r)
+        assert r["requests"] == 150 and 0.0 <= r["goodput"] <= 1.0
+
+
+def test_simulate_saturate_and_table(tmp_path: Path) -> None:
+    code, out, _ = invoke(
+        "simulate",
+        "--workload",
+        "reasoning",
+        "--prefill",
+        "1",
+        "--decode",
+        "2",
+        "--policies",
+        "round_robin,marginal_cost",
+        "--seeds",
+        "1",
+        "--requests",
+        "300",
+        "--saturate",
+        "--out",
+        str(tmp_path),
+    )
+    assert code == 0
+    assert "marginal_cost" in out and "round_robin" in out
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    probes = summary["saturation"]["probes"]
+    assert len(probes) >= 3 and summary["rate_rps"] > 0
+    assert (tmp_path / "table.md").read_text().startswith("| policy")
+    assert sorted(p.name for p in (tmp_path / "records").iterdir()) == [
+        "marginal_cost-seed0.jsonl",
+        "round_robin-seed0.jsonl",
+    ]
+
+
+def test_record_files_are_byte_identical_across_invocations(tmp_path: Path) -> None:
+    for d in ("a", "b"):
+        code, _, _ = invoke(
+            "simulate",
+            "--workload",
+            "mixed-bursty",
+            "--rate",
+            "10",
+            "--seeds",
+            "1",
+            "--requests",
+            "300",
+            "--predictor-noise",
+            "0.5",
+            "--out",
+            str(tmp_path / d),
+        )
+        assert code == 0
+    for f in (tmp_path / "a" / "records").iterdir():
+        assert f.read_bytes() == (tmp_path / "b" / "records" / f.name).read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("name", "args"),
+    [
+        ("azure_llm_2023/AzureLLMInferenceTrace_conv.csv", ["--rate", "6"]),
+        ("mooncake_fast25/synthetic_trace.jsonl", []),
+        (
+            "vidur_arxiv_summarization_lengths/arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv",
+            ["--rate", "4"],
+        ),
+    ],
+)
+def test_simulate_any_shared_trace(name: str, args: list[str]) -> None:
+    code, out, err = invoke(
+        "simulate",
+        "--trace",
+        str(TRACES / name),
+        "--seeds",
+        "1",
+        "--requests",
+        "200",
+        "--policies",
+        "round_robin,marginal_cost",
+        "--json",
+        *args,
+    )
+    assert code == 0, err
+    doc = json.loads(out)
+    assert all(r["requests"] == 200 for r in doc["runs"])
+    if "mooncake" in name:  # long contexts beyond the model's 32k are rejected, and say so
+        assert doc["runs"][0]["status_counts"].get("rejected", 0) > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--rate", "1"], "exactly one of --workload and --trace"),
+        (["--workload", "chat", "--trace", "x.csv", "--rate", "1"], "exactly one of"),
+        (["--workload", "chat", "--rate", "1", "--saturate"], "at most one of --rate and --saturate"),
+        (["--workload", "chat"], "needs a rate"),
+        (["--workload", "chat", "--rate", "1", "--policies", "round_robin,bogus"], "bogus"),
+        (["--workload", "chat", "--rate", "1", "--param", "marginal_cost.rho"], "POLICY.NAME=VALUE"),
+        (["--workload", "chat", "--rate", "1", "--param", "marginal_cost.zzz=1"], "unknown parameter"),
+        (
+            ["--workload", "chat", "--rate", "1", "--param", "least_loaded.x=1", "--policies", "round_robin"],
+            "not in --policies",
+        ),
+        (["--trace", "/no/such/file.csv"], "no such file"),
+        (["--workload", "chat", "--rate", "-2"], "--rate must be > 0"),
+        (["--workload", "chat", "--rate", "1", "--predictor", "gpt"], "unknown predictor"),
+        (["--workload", "chat", "--rate", "1", "--calibration", "/no/cal.json"], "cannot read calibration"),
+        (
+            [
+                "--trace",
+                str(
+                    TRACES
+                    / "vidur_arxiv_summarization_lengths"
+                    / "arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv"
+                ),
+            ],
+            "--rate",
+        ),
+    ],
+)
+def test_errors_are_clear_and_exit_2(args: list[str], message: str) -> None:
+    code, _, err = invoke("simulate", "--requests", "10", *args)
+    assert code == 2
+    assert message in err.replace("\n", " ")
+
+
+def test_profile_file_round_trips_through_simulate(tmp_path: Path) -> None:
+    cal = tmp_path / "cal.json"
+    code, _, _ = invoke("profile", "a40-qwen2.5-3b", "--out", str(cal))
+    assert code == 0
+    base = ["simulate", "--workload", "chat", "--rate", "6", "--seeds", "1", "--requests", "200", "--json"]
+    _, with_file, _ = invoke(*base, "--calibration", str(cal))
+    _, default, _ = invoke(*base)
+    assert json.loads(with_file)["runs"] == json.loads(default)["runs"]
+    # pricing with constants 7x too small changes marginal_cost's decisions, not the hardware or the SLOs
+    d = json.loads(cal.read_text())
+    d["tau_dec_s"] /= 7.4
+    d["tau_pre_s"] /= 7.4
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps(d))
+    busy = [
+        "simulate",
+        "--workload",
+        "mixed-bursty",
+        "--rate",
+        "12",
+        "--seeds",
+        "1",
+        "--requests",
+        "400",
+        "--policies",
+        "marginal_cost",
+    ]
+    invoke(*busy, "--out", str(tmp_path / "right"))
+    invoke(*busy, "--router-calibration", str(wrong), "--out", str(tmp_path / "wrong"))
+    right_doc = json.loads((tmp_path / "right" / "summary.json").read_text())
+    wrong_doc = json.loads((tmp_path / "wrong" / "summary.json").read_text())
+    assert right_doc["slo"] == wrong_doc["slo"]
+    decode_ids = [
+        [r.decode_id for r in read_records(tmp_path / d / "records" / "marginal_cost-seed0.jsonl")]
+        for d in ("right", "wrong")
+    ]
+    assert decode_ids[0] != decode_ids[1]
