@@ -139,7 +139,8 @@ def print_table(results: list[RunResult], title: str) -> None:
     rows = [RunRow(r.policy, r.seed, r.summary) for r in results]
     policies = by_policy(rows)
     seeds = sorted({r.seed for r in rows})
-    table = Table(title=title, caption="goodput per seed s0.., mean, spread (max - min); P99 latencies: mean over seeds")
+    caption = "goodput per seed s0.., mean, spread (max - min); P99 latencies: mean over seeds"
+    table = Table(title=title, caption=caption)
     table.add_column("policy", no_wrap=True)
     for s in seeds:
         table.add_column(f"s{s}", justify="right", no_wrap=True, min_width=5)
