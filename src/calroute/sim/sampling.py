@@ -16,23 +16,27 @@ Metrics = tuple[int, int, int]  # kv_used_tokens, running, waiting
 
 
 class HeldMetrics:
-    __slots__ = ("_interval_s", "_probe", "_tick", "_values")
+    __slots__ = ("_interval_s", "_probe", "_tick", "_values", "_stale_after_s")
 
     def __init__(self, interval_s: float, probe: Callable[[float], Metrics]) -> None:
         self._interval_s = interval_s
         self._probe = probe  # the engine's metrics at a past time, valid while its state is unchanged
         self._tick = -1
         self._values: Metrics = (0, 0, 0)
+        self._stale_after_s = -1.0  # the held values stop being the last tick's after this time
 
     def _last_tick(self, now_s: float) -> int:
         return math.ceil(now_s / self._interval_s) - 1
 
     def touch(self, now_s: float) -> None:
         """Call before changing the engine's state at ``now_s``."""
-        k = self._last_tick(now_s)
-        if k > self._tick:
-            self._values = self._probe(k * self._interval_s)
-            self._tick = k
+        if now_s > self._stale_after_s:  # cheap test first: most changes fall in an already-held tick
+            self._hold(self._last_tick(now_s))
+
+    def _hold(self, k: int) -> None:
+        self._values = self._probe(k * self._interval_s)
+        self._tick = k
+        self._stale_after_s = (k + 1) * self._interval_s
 
     def read(self, now_s: float) -> tuple[float, Metrics] | None:
         """(tick time, metrics) of the last tick before ``now_s``; None before the first tick."""
@@ -40,6 +44,5 @@ class HeldMetrics:
         if k < 0:
             return None
         if k > self._tick:  # unchanged since tick k: evaluate the current state there, and hold it
-            self._values = self._probe(k * self._interval_s)
-            self._tick = k
+            self._hold(k)
         return k * self._interval_s, self._values
