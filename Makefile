@@ -3,8 +3,11 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The real-vLLM tier (vLLM CPU build, NIXL and a tiny local model) lives in its own venv: see scripts/setup_vllm.sh.
+VLLM_VENV ?= .venv-vllm
+VLLM_MODEL ?= .venv-vllm/tiny-model
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench clean vllm
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -15,7 +18,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/calroute demo --out out/demo
 
-test: $(STAMP)
+test: $(STAMP) vllm
 	$(BIN)/pytest -q
 
 lint: $(STAMP)
@@ -23,9 +26,15 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy
 
+vllm: $(VLLM_VENV)/.complete $(VLLM_MODEL)/config.json
+
+# Grouped target: a missing marker or a missing model reruns the (idempotent) script once.
+$(VLLM_VENV)/.complete $(VLLM_MODEL)/config.json &:
+	bash scripts/setup_vllm.sh $(VLLM_VENV) $(VLLM_MODEL)
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/sim_speed.py
 	$(BIN)/python benchmarks/decision_speed.py
 
 clean:
-	rm -rf $(VENV) out .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) out .pytest_cache .mypy_cache .ruff_cache

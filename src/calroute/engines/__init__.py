@@ -1,0 +1,1 @@
+"""Launchers for real and emulated inference engines, stopped by process group."""

@@ -1,0 +1,264 @@
+"""The emulator's OpenAI-compatible request parsing and response shapes, as vLLM's server produces them.
+
+Parsing turns a JSON body into a ``Parsed`` request or raises ``ApiError`` (HTTP status, message, param);
+building turns an engine request's progress into completion / chat-completion objects and SSE chunks.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from calroute.engines import tokens
+
+
+class ApiError(Exception):
+    def __init__(
+        self, status: int, message: str, param: str | None = None, kind: str = "BadRequestError"
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.kind = kind
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}
+        }
+
+
+@dataclass(frozen=True)
+class Parsed:
+    chat: bool
+    prompt_ids: list[int]
+    max_tokens: int
+    min_tokens: int
+    ignore_eos: bool
+    stream: bool
+    include_usage: bool
+    continuous_usage: bool
+    return_token_ids: bool
+    kv_transfer_params: dict[str, Any] | None
+
+
+def _field(body: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any) -> Any:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    # bool is an int in Python; JSON true is not a valid max_tokens
+    if (
+        isinstance(value, bool)
+        and kind is not bool
+        and (kind is int or (isinstance(kind, tuple) and bool not in kind))
+    ):
+        raise ApiError(400, f"{name} must be of type {getattr(kind, '__name__', kind)}", name)
+    if not isinstance(value, kind):
+        raise ApiError(400, f"{name} has the wrong type: {type(value).__name__}", name)
+    return value
+
+
+def _prompt_ids(body: dict[str, Any]) -> list[int]:
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise ApiError(400, "prompt is required", "prompt")
+    if isinstance(prompt, str):
+        return tokens.encode(prompt)
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
+        if any(t < 0 or t >= tokens.VOCAB_SIZE for t in prompt):
+            raise ApiError(400, f"prompt token ids must be in [0, {tokens.VOCAB_SIZE})", "prompt")
+        return list(prompt)
+    if isinstance(prompt, list) and len(prompt) == 1:
+        return _prompt_ids({"prompt": prompt[0]})
+    raise ApiError(
+        400, "prompt must be a string, a list of token ids, or a one-element list of either", "prompt"
+    )
+
+
+def _chat_ids(body: dict[str, Any]) -> list[int]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "messages must be a non-empty list", "messages")
+    pairs = []
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ApiError(400, "each message needs a string role", "messages")
+        content = m.get("content")
+        if isinstance(content, list):  # OpenAI content parts: text only
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        if not isinstance(content, str):
+            raise ApiError(400, "message content must be a string or a list of text parts", "messages")
+        pairs.append((m["role"], content))
+    return tokens.encode(tokens.chat_prompt(pairs))
+
+
+def parse(body: Any, chat: bool, model_name: str, max_model_len: int) -> Parsed:
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    model = body.get("model")
+    if model is not None and model != model_name:
+        raise ApiError(404, f"The model `{model}` does not exist.", "model", "NotFoundError")
+    prompt_ids = _chat_ids(body) if chat else _prompt_ids(body)
+    if _field(body, "n", int, 1) != 1:
+        raise ApiError(400, "the emulator supports n=1 only", "n")
+    default_max = max_model_len - len(prompt_ids) if chat else 16
+    max_tokens = _field(
+        body,
+        "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens",
+        int,
+        default_max,
+    )
+    if max_tokens < 1:
+        raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens")
+    if len(prompt_ids) + max_tokens > max_model_len:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the messages, {max_tokens} in the "
+            "completion). Please reduce the length of the messages or completion.",
+            "max_tokens",
+        )
+    min_tokens = _field(body, "min_tokens", int, 0)
+    if min_tokens < 0 or min_tokens > max_tokens:
+        raise ApiError(
+            400, f"min_tokens must be in [0, max_tokens={max_tokens}], got {min_tokens}", "min_tokens"
+        )
+    stream = _field(body, "stream", bool, False)
+    options = _field(body, "stream_options", dict, {})
+    if options and not stream:
+        raise ApiError(400, "Stream options can only be defined when `stream=True`.", "stream_options")
+    kv = _field(body, "kv_transfer_params", dict, None)
+    temperature = _field(body, "temperature", (int, float), 1.0)
+    if temperature < 0:
+        raise ApiError(400, f"temperature must be non-negative, got {temperature}", "temperature")
+    return Parsed(
+        chat=chat,
+        prompt_ids=prompt_ids,
+        max_tokens=max_tokens,
+        min_tokens=min_tokens,
+        ignore_eos=_field(body, "ignore_eos", bool, False),
+        stream=stream,
+        include_usage=bool(options.get("include_usage", True)) if options else False,
+        continuous_usage=bool(options.get("continuous_usage_stats", False)),
+        return_token_ids=_field(body, "return_token_ids", bool, False),
+        kv_transfer_params=kv,
+    )
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+        "prompt_tokens_details": None,
+    }
+
+
+def completion_id(chat: bool, request_id: str) -> str:
+    return f"{'chatcmpl' if chat else 'cmpl'}-{request_id}"
+
+
+def full_response(
+    p: Parsed,
+    request_id: str,
+    model: str,
+    output_ids: list[int],
+    finish_reason: str | None,
+    kv_transfer_params: dict[str, Any] | None,
+) -> dict[str, Any]:
+    text = tokens.decode(output_ids)
+    choice: dict[str, Any]
+    if p.chat:
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text, "tool_calls": []},
+            "logprobs": None,
+            "finish_reason": finish_reason,
+            "stop_reason": None,
+        }
+    else:
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": finish_reason,
+            "stop_reason": None,
+        }
+    if p.return_token_ids:
+        choice["token_ids"] = list(output_ids)
+    return {
+        "id": completion_id(p.chat, request_id),
+        "object": "chat.completion" if p.chat else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": usage(len(p.prompt_ids), len(output_ids)),
+        "kv_transfer_params": kv_transfer_params,
+    }
+
+
+def sse(obj: dict[str, Any] | str) -> bytes:
+    data = obj if isinstance(obj, str) else json.dumps(obj, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+def stream_chunk(
+    p: Parsed,
+    request_id: str,
+    model: str,
+    created: int,
+    new_ids: list[int],
+    finish_reason: str | None,
+    role: bool = False,
+    usage_obj: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    text = tokens.decode(new_ids)
+    choice: dict[str, Any]
+    if p.chat:
+        delta: dict[str, Any] = {"role": "assistant", "content": text} if role else {"content": text}
+        choice = {
+            "index": 0,
+            "delta": delta,
+            "logprobs": None,
+            "finish_reason": finish_reason,
+            "stop_reason": None,
+        }
+    else:
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": finish_reason,
+            "stop_reason": None,
+        }
+    if p.return_token_ids:
+        choice["token_ids"] = list(new_ids)
+    chunk: dict[str, Any] = {
+        "id": completion_id(p.chat, request_id),
+        "object": "chat.completion.chunk" if p.chat else "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+    }
+    if usage_obj is not None:
+        chunk["usage"] = usage_obj
+    return chunk
+
+
+def usage_chunk(
+    p: Parsed, request_id: str, model: str, created: int, completion_tokens: int
+) -> dict[str, Any]:
+    return {
+        "id": completion_id(p.chat, request_id),
+        "object": "chat.completion.chunk" if p.chat else "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [],
+        "usage": usage(len(p.prompt_ids), completion_tokens),
+    }

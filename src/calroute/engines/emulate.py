@@ -1,0 +1,29 @@
+"""Run emulated engines in this process until SIGTERM or SIGINT (`calroute engines emulate`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from calroute.engines.group import EngineGroup, EngineSpec, GroupConfig
+
+logger = logging.getLogger(__name__)
+
+
+async def serve(config: GroupConfig, specs: list[EngineSpec]) -> None:
+    group = EngineGroup(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        for e in await group.start(specs):
+            logger.info("engine %s (%s) on %s", e.core.engine_id, e.spec.role.value, e.url)
+        await stop.wait()
+    finally:
+        await group.stop()
+
+
+def run(config: GroupConfig, specs: list[EngineSpec]) -> None:
+    asyncio.run(serve(config, specs))

@@ -1,0 +1,179 @@
+"""Process-group helpers shared by every engine launcher: start in a new session, wait for HTTP, stop.
+
+An engine is a tree of processes (vLLM: API server, EngineCore, worker), so it is always stopped as a group.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+
+from calroute.errors import CalrouteError
+
+_POLL_S = 0.25
+_LOG_TAIL_LINES = 20
+_LOG_TAIL_BYTES = 64 * 1024
+
+
+class EngineStartError(CalrouteError):
+    """An engine process exited, or did not answer, before it was ready."""
+
+
+class EngineStopError(CalrouteError):
+    """An engine's process group could not be stopped."""
+
+
+def start_process_group(
+    argv: list[str], env: Mapping[str, str] | None, log_path: Path, cwd: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` as the leader of a new session (its pid is the group id), output to ``log_path``.
+
+    ``env`` is the whole environment of the child; ``None`` inherits ours.
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    # The child keeps its own copy of the descriptor, so ours can be closed at once.
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            argv,
+            env=None if env is None else dict(env),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def _group_members(pgid: int) -> list[tuple[int, str]] | None:
+    """(pid, state) of every process in the group, from /proc; None where /proc is not available."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return None
+    members: list[tuple[int, str]] = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # exited while we were scanning
+        # The command name is in parentheses and may itself contain spaces or parentheses.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 2 and int(fields[2]) == pgid:
+            members.append((int(entry.name), fields[0]))
+    return members
+
+
+def process_group_alive(pgid: int) -> bool:
+    """True while any process of the group is running; zombies (exited, not yet reaped) do not count."""
+    members = _group_members(pgid)
+    if members is not None:
+        return any(state not in ("Z", "X") for _, state in members)
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> bool:
+    """Send ``sig`` to the group; False when the group no longer exists."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _wait_group_gone(pgid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while process_group_alive(pgid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+    return True
+
+
+def stop_process_group(pgid: int, timeout_s: float = 10.0) -> None:
+    """SIGTERM the group, wait up to ``timeout_s`` for it to exit, then SIGKILL what is left.
+
+    A group that is already gone is fine. Refuses our own group and pgid <= 1 (which would signal more than
+    one engine). The caller still owns reaping its direct child (``Popen.wait``).
+    """
+    if pgid <= 1 or pgid == os.getpgrp():
+        raise ValueError(f"refusing to stop process group {pgid}: it is not an engine's own group")
+    if not process_group_alive(pgid) or not _signal_group(pgid, signal.SIGTERM):
+        return
+    if _wait_group_gone(pgid, timeout_s):
+        return
+    _signal_group(pgid, signal.SIGKILL)
+    # SIGKILL cannot be ignored; the wait only covers the kernel tearing the processes down.
+    if not _wait_group_gone(pgid, 5.0):
+        raise EngineStopError(f"process group {pgid} survived SIGKILL")
+
+
+def log_tail(log_path: Path | None, lines: int = _LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of a log file, or a note saying why there are none."""
+    if log_path is None:
+        return "(no log)"
+    try:
+        with log_path.open("rb") as f:
+            size_bytes = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size_bytes - _LOG_TAIL_BYTES))
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError as e:
+        return f"(log {log_path} unreadable: {e})"
+    tail = text.splitlines()[-lines:]
+    return "\n".join(tail) if tail else f"(log {log_path} is empty)"
+
+
+def _start_failure(message: str, log_path: Path | None) -> EngineStartError:
+    where = f" (log: {log_path})" if log_path is not None else ""
+    return EngineStartError(f"{message}{where}; last lines of the log:\n{log_tail(log_path)}")
+
+
+def wait_http_ready(
+    url: str,
+    timeout_s: float,
+    proc: subprocess.Popen[bytes] | None = None,
+    log_path: Path | None = None,
+) -> None:
+    """Poll GET ``url`` until it answers 200; EngineStartError if ``proc`` exits first or time runs out."""
+    # An HTTP proxy from the environment must never see requests meant for a local engine.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise _start_failure(
+                f"process {proc.pid} exited with code {proc.returncode} before {url} was ready", log_path
+            )
+        # Probe before looking at the clock, so even a zero timeout checks once.
+        probe_timeout_s = min(2.0, max(0.1, deadline - time.monotonic()))
+        try:
+            with opener.open(url, timeout=probe_timeout_s) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError, http.client.HTTPException):
+            pass  # not listening yet, or answering non-200 while it loads
+        remaining_s = deadline - time.monotonic()
+        if remaining_s <= 0:
+            raise _start_failure(f"{url} not ready after {timeout_s:.1f} s", log_path)
+        time.sleep(min(_POLL_S, remaining_s))
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (another process may still take it first)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
