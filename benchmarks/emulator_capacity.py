@@ -25,7 +25,7 @@ from calroute.costmodel.profiles import get_profile
 from calroute.engines.launch import up_emulated
 from calroute.engines.tokens import text_of_tokens
 
-PROMPT_TOKENS = 512
+PROMPT_TOKENS = 256
 OUTPUT_TOKENS = 128
 TOLERANCE = 0.10
 
@@ -40,7 +40,7 @@ async def one_stream(session: aiohttp.ClientSession, url: str, salt: int) -> tup
         "max_tokens": OUTPUT_TOKENS,
         "ignore_eos": True,
         "stream": True,
-        "stream_options": {"include_usage": True},
+        "return_token_ids": True,
     }
     marks = []  # (arrival time, tokens received so far)
     received = 0
@@ -67,7 +67,8 @@ async def drive(urls: list[str], per_engine: int) -> tuple[float, float]:
 
 
 def measure(engines: int, time_scale: float, stream_interval: int) -> list[dict[str, Any]]:
-    cal = get_profile("a40-qwen2.5-3b").calibration
+    hw = get_profile("a40-qwen2.5-3b")
+    cal = hw.calibration
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         launched = up_emulated(
@@ -76,7 +77,11 @@ def measure(engines: int, time_scale: float, stream_interval: int) -> list[dict[
         try:
             urls = [e.url for e in launched.file.decode]
             per_engine = 4
-            while per_engine <= 256:
+            # beyond what fits in KV (or max_num_seqs) the batch is smaller than the streams: stop there
+            fits = min(
+                hw.limits.max_num_seqs, hw.limits.kv_capacity_tokens // (PROMPT_TOKENS + OUTPUT_TOKENS)
+            )
+            while per_engine <= fits:
                 tpot, tok_s = asyncio.run(drive(urls, per_engine))
                 ctx = per_engine * (PROMPT_TOKENS + OUTPUT_TOKENS // 2)
                 modelled = cal.decode.step_s(per_engine, ctx) * time_scale
