@@ -189,3 +189,110 @@ def test_bad_requests_get_a_json_error(cluster: ClusterFile, change: dict[str, A
 def test_malformed_json_is_a_400(cluster: ClusterFile) -> None:
     got, out = request(f"{cluster.decode[0].url}/v1/completions", raw=b"{not json")
     assert got == 400
+
+
+# The JSON shapes vLLM 0.32 answers with (keys in order): observed on the real tier, required of the emulator.
+COMPLETION_KEYS = [
+    "id",
+    "object",
+    "created",
+    "model",
+    "choices",
+    "service_tier",
+    "system_fingerprint",
+    "usage",
+    "kv_transfer_params",
+    "ec_transfer_params",
+    "metrics",
+]
+COMPLETION_CHOICE_KEYS = [
+    "index",
+    "text",
+    "logprobs",
+    "finish_reason",
+    "stop_reason",
+    "token_ids",
+    "prompt_logprobs",
+    "prompt_token_ids",
+    "routed_experts",
+]
+CHAT_KEYS = [
+    "id",
+    "object",
+    "created",
+    "model",
+    "choices",
+    "service_tier",
+    "system_fingerprint",
+    "usage",
+    "prompt_logprobs",
+    "prompt_token_ids",
+    "prompt_text",
+    "kv_transfer_params",
+    "ec_transfer_params",
+    "metrics",
+]
+CHAT_MESSAGE_KEYS = ["role", "content", "refusal", "annotations", "audio", "function_call", "reasoning"]
+STREAM_CHOICE_KEYS = [
+    "index",
+    "text",
+    "logprobs",
+    "finish_reason",
+    "stop_reason",
+    "prompt_token_ids",
+    "token_ids",
+]
+USAGE_KEYS = [
+    "prompt_tokens",
+    "total_tokens",
+    "completion_tokens",
+    "prompt_tokens_details",
+    "completion_tokens_details",
+]
+KV_PARAM_KEYS = [
+    "do_remote_prefill",
+    "do_remote_decode",
+    "remote_block_ids",
+    "remote_engine_id",
+    "remote_request_id",
+    "remote_host",
+    "remote_port",
+    "tp_size",
+    "dcp_size",
+    "pp_size",
+    "remote_num_tokens",
+    "remote_blocks_expiry_time",
+    "transfer_mode",
+    "remote_prefill_cached_tokens",
+]
+
+
+def test_response_shapes_match_vllm(cluster: ClusterFile) -> None:
+    p, d = cluster.prefill[0], cluster.decode[0]
+    _, out = request(f"{d.url}/v1/completions", body(cluster, max_tokens=3))
+    assert list(out) == COMPLETION_KEYS
+    assert list(out["choices"][0]) == COMPLETION_CHOICE_KEYS
+    assert list(out["usage"]) == USAGE_KEYS
+    _, pre = request(
+        f"{p.url}/v1/completions", body(cluster, max_tokens=1, kv_transfer_params={"do_remote_decode": True})
+    )
+    assert list(pre["kv_transfer_params"]) == KV_PARAM_KEYS
+    assert pre["kv_transfer_params"]["transfer_mode"] == "pull"
+    _, events = stream(
+        f"{d.url}/v1/completions",
+        body(cluster, max_tokens=3, stream=True, stream_options={"include_usage": True}),
+    )
+    assert all(list(e["choices"][0]) == STREAM_CHOICE_KEYS for e in events[:-2])
+    assert list(events[-2]) == ["id", "object", "created", "model", "choices", "usage", "system_fingerprint"]
+    chat = {"model": cluster.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    _, c = request(f"{d.url}/v1/chat/completions", chat)
+    assert list(c) == CHAT_KEYS
+    assert list(c["choices"][0]["message"]) == CHAT_MESSAGE_KEYS
+    status, err = request(f"{d.url}/v1/completions", body(cluster, max_tokens="x"))
+    assert (
+        status == 400 and err["error"]["type"] == "Bad Request" and err["error"]["param"] == "body.max_tokens"
+    )
+    status, err = request(f"{d.url}/v1/completions", body(cluster, max_tokens=10**7))
+    assert status == 400 and err["error"]["message"].startswith("max_tokens=10000000 cannot be greater than")
+    status, err = request(f"{d.url}/v1/completions", body(cluster, min_tokens=99))
+    assert status == 400 and "min_tokens must be less than or equal to max_tokens" in err["error"]["message"]

@@ -44,19 +44,45 @@ class Parsed:
     kv_transfer_params: dict[str, Any] | None
 
 
+_TYPE_NAMES = {
+    int: "a valid integer",
+    bool: "a valid boolean",
+    dict: "a valid dictionary",
+    float: "a valid number",
+}
+
+
+def _type_error(name: str, kind: type | tuple[type, ...], value: Any) -> ApiError:
+    # vLLM's request models are pydantic: a type error reads like pydantic's, with a "body." location.
+    want = _TYPE_NAMES.get(kind if isinstance(kind, type) else kind[-1], "of another type")
+    return ApiError(
+        400,
+        f"1 validation error:\n  {{'loc': 'body.{name}', 'msg': 'Input should be {want}', "
+        f"'input': {value!r}}}",
+        f"body.{name}",
+        "Bad Request",
+    )
+
+
+def invalid_json(error: str) -> ApiError:
+    return ApiError(
+        400,
+        f"1 validation error:\n  {{'type': 'json_invalid', 'loc': 'body', "
+        f"'msg': 'JSON decode error: {error}'}}",
+        "body",
+        "Bad Request",
+    )
+
+
 def _field(body: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any) -> Any:
     value = body.get(name, default)
     if value is None:
         return default
-    # bool is an int in Python; JSON true is not a valid max_tokens
-    if (
-        isinstance(value, bool)
-        and kind is not bool
-        and (kind is int or (isinstance(kind, tuple) and bool not in kind))
-    ):
-        raise ApiError(400, f"{name} must be of type {getattr(kind, '__name__', kind)}", name)
+    # bool is an int in Python, but JSON true is not a valid max_tokens
+    if isinstance(value, bool) and not (kind is bool or (isinstance(kind, tuple) and bool in kind)):
+        raise _type_error(name, kind, value)
     if not isinstance(value, kind):
-        raise ApiError(400, f"{name} has the wrong type: {type(value).__name__}", name)
+        raise _type_error(name, kind, value)
     return value
 
 
@@ -103,7 +129,9 @@ def parse(body: Any, chat: bool, model_name: str, max_model_len: int) -> Parsed:
         raise ApiError(400, "the request body must be a JSON object")
     model = body.get("model")
     if model is not None and model != model_name:
-        raise ApiError(404, f"The model `{model}` does not exist.", "model", "NotFoundError")
+        raise ApiError(
+            404, f"The model `{model}` does not exist. Valid aliases: {model_name}.", "model", "NotFoundError"
+        )
     prompt_ids = _chat_ids(body) if chat else _prompt_ids(body)
     if _field(body, "n", int, 1) != 1:
         raise ApiError(400, "the emulator supports n=1 only", "n")
@@ -115,7 +143,18 @@ def parse(body: Any, chat: bool, model_name: str, max_model_len: int) -> Parsed:
         default_max,
     )
     if max_tokens < 1:
-        raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens")
+        raise ApiError(
+            400,
+            f"max_tokens must be at least 1, got {max_tokens}. (parameter=max_tokens, value={max_tokens})",
+            "max_tokens",
+        )
+    if max_tokens > max_model_len:
+        raise ApiError(
+            400,
+            f"max_tokens={max_tokens} cannot be greater than max_model_len={max_model_len}. Please request "
+            f"fewer output tokens. (parameter=max_tokens, value={max_tokens})",
+            "max_tokens",
+        )
     if len(prompt_ids) + max_tokens > max_model_len:
         raise ApiError(
             400,
@@ -125,9 +164,11 @@ def parse(body: Any, chat: bool, model_name: str, max_model_len: int) -> Parsed:
             "max_tokens",
         )
     min_tokens = _field(body, "min_tokens", int, 0)
-    if min_tokens < 0 or min_tokens > max_tokens:
+    if min_tokens < 0:
+        raise ApiError(400, f"min_tokens must be greater than or equal to 0, got {min_tokens}.")
+    if min_tokens > max_tokens:
         raise ApiError(
-            400, f"min_tokens must be in [0, max_tokens={max_tokens}], got {min_tokens}", "min_tokens"
+            400, f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}."
         )
     stream = _field(body, "stream", bool, False)
     options = _field(body, "stream_options", dict, {})
@@ -136,7 +177,12 @@ def parse(body: Any, chat: bool, model_name: str, max_model_len: int) -> Parsed:
     kv = _field(body, "kv_transfer_params", dict, None)
     temperature = _field(body, "temperature", (int, float), 1.0)
     if temperature < 0:
-        raise ApiError(400, f"temperature must be non-negative, got {temperature}", "temperature")
+        raise ApiError(
+            400,
+            f"temperature must be non-negative, got {float(temperature)}. (parameter=temperature, "
+            f"value={float(temperature)})",
+            "temperature",
+        )
     return Parsed(
         chat=chat,
         prompt_ids=prompt_ids,
@@ -151,13 +197,19 @@ def parse(body: Any, chat: bool, model_name: str, max_model_len: int) -> Parsed:
     )
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-    return {
+SYSTEM_FINGERPRINT = "calroute-emulator"
+
+
+def usage(prompt_tokens: int, completion_tokens: int, details: bool = True) -> dict[str, Any]:
+    u: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
-        "prompt_tokens_details": None,
     }
+    if details:
+        u["prompt_tokens_details"] = None
+        u["completion_tokens_details"] = None
+    return u
 
 
 def completion_id(chat: bool, request_id: str) -> str:
@@ -173,14 +225,26 @@ def full_response(
     kv_transfer_params: dict[str, Any] | None,
 ) -> dict[str, Any]:
     text = tokens.decode(output_ids)
+    token_ids = list(output_ids) if p.return_token_ids else None
     choice: dict[str, Any]
     if p.chat:
+        message = {
+            "role": "assistant",
+            "content": text,
+            "refusal": None,
+            "annotations": None,
+            "audio": None,
+            "function_call": None,
+            "reasoning": None,
+        }
         choice = {
             "index": 0,
-            "message": {"role": "assistant", "content": text, "tool_calls": []},
+            "message": message,
             "logprobs": None,
             "finish_reason": finish_reason,
             "stop_reason": None,
+            "token_ids": token_ids,
+            "routed_experts": None,
         }
     else:
         choice = {
@@ -189,18 +253,25 @@ def full_response(
             "logprobs": None,
             "finish_reason": finish_reason,
             "stop_reason": None,
+            "token_ids": token_ids,
+            "prompt_logprobs": None,
+            "prompt_token_ids": None,
+            "routed_experts": None,
         }
-    if p.return_token_ids:
-        choice["token_ids"] = list(output_ids)
-    return {
+    out: dict[str, Any] = {
         "id": completion_id(p.chat, request_id),
         "object": "chat.completion" if p.chat else "text_completion",
         "created": int(time.time()),
         "model": model,
         "choices": [choice],
+        "service_tier": None,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
         "usage": usage(len(p.prompt_ids), len(output_ids)),
-        "kv_transfer_params": kv_transfer_params,
     }
+    if p.chat:
+        out.update(prompt_logprobs=None, prompt_token_ids=None, prompt_text=None)
+    out.update(kv_transfer_params=kv_transfer_params, ec_transfer_params=None, metrics=None)
+    return out
 
 
 def sse(obj: dict[str, Any] | str) -> bytes:
@@ -219,16 +290,26 @@ def stream_chunk(
     usage_obj: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     text = tokens.decode(new_ids)
+    token_ids = list(new_ids) if p.return_token_ids else None
     choice: dict[str, Any]
     if p.chat:
-        delta: dict[str, Any] = {"role": "assistant", "content": text} if role else {"content": text}
-        choice = {
-            "index": 0,
-            "delta": delta,
-            "logprobs": None,
-            "finish_reason": finish_reason,
-            "stop_reason": None,
-        }
+        if role:
+            choice = {
+                "index": 0,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+        else:
+            choice = {
+                "index": 0,
+                "delta": {"content": text},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
+            if finish_reason is not None:
+                choice["stop_reason"] = None
+            choice["token_ids"] = token_ids
     else:
         choice = {
             "index": 0,
@@ -236,9 +317,9 @@ def stream_chunk(
             "logprobs": None,
             "finish_reason": finish_reason,
             "stop_reason": None,
+            "prompt_token_ids": None,
+            "token_ids": token_ids,
         }
-    if p.return_token_ids:
-        choice["token_ids"] = list(new_ids)
     chunk: dict[str, Any] = {
         "id": completion_id(p.chat, request_id),
         "object": "chat.completion.chunk" if p.chat else "text_completion",
@@ -246,6 +327,8 @@ def stream_chunk(
         "model": model,
         "choices": [choice],
     }
+    if p.chat and role:
+        chunk.update(prompt_token_ids=None, prompt_text=None)
     if usage_obj is not None:
         chunk["usage"] = usage_obj
     return chunk
@@ -260,5 +343,6 @@ def usage_chunk(
         "created": created,
         "model": model,
         "choices": [],
-        "usage": usage(len(p.prompt_ids), completion_tokens),
+        "usage": usage(len(p.prompt_ids), completion_tokens, details=False),
+        "system_fingerprint": SYSTEM_FINGERPRINT,
     }

@@ -339,6 +339,12 @@ class EngineCore:
                 "remote_host": self.address[0],
                 "remote_port": self.address[1],
                 "tp_size": 1,
+                "dcp_size": 1,
+                "pp_size": 1,
+                "remote_num_tokens": req.prompt_tokens,
+                "remote_blocks_expiry_time": None,
+                "transfer_mode": "pull",
+                "remote_prefill_cached_tokens": req.cached_tokens,
             }
         else:
             self.kv.free(req.blocks)

@@ -115,8 +115,8 @@ class EngineServer:
     async def _generate_inner(self, request: web.Request, chat: bool) -> web.StreamResponse:
         try:
             body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return _error(api.ApiError(400, "the request body is not valid JSON"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            return _error(api.invalid_json(str(e)))
         try:
             p = api.parse(body, chat, self.model_name, self.max_model_len)
         except api.ApiError as e:
@@ -211,6 +211,22 @@ class EngineServer:
             "root": self.model_name,
             "parent": None,
             "max_model_len": self.max_model_len,
+            "permission": [
+                {
+                    "id": f"modelperm-{self.core.engine_id}",
+                    "object": "model_permission",
+                    "created": self.created,
+                    "allow_create_engine": False,
+                    "allow_sampling": True,
+                    "allow_logprobs": True,
+                    "allow_search_indices": False,
+                    "allow_view": True,
+                    "allow_fine_tuning": False,
+                    "organization": "*",
+                    "group": None,
+                    "is_blocking": False,
+                }
+            ],
         }
         return web.json_response({"object": "list", "data": [model]})
 
@@ -231,13 +247,12 @@ class EngineServer:
                 ids = api.parse({**body, "max_tokens": 1}, True, self.model_name, 1 << 30).prompt_ids
             else:
                 ids = api.parse({**body, "max_tokens": 1}, False, self.model_name, 1 << 30).prompt_ids
-        except json.JSONDecodeError:
-            return _error(api.ApiError(400, "the request body is not valid JSON"))
+        except json.JSONDecodeError as e:
+            return _error(api.invalid_json(str(e)))
         except api.ApiError as e:
             return _error(e)
-        out: dict[str, Any] = {"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids}
-        if body.get("return_token_strs"):
-            out["token_strs"] = [tokens.token_str(i) for i in ids]
+        strs = [tokens.token_str(i) for i in ids] if body.get("return_token_strs") else None
+        out = {"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids, "token_strs": strs}
         return web.json_response(out)
 
     async def _detokenize(self, request: web.Request) -> web.Response:
