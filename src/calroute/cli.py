@@ -14,6 +14,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from calroute.cli_engines import engines_app
+from calroute.cli_serve import serve
 from calroute.costmodel.calibration import Calibration
 from calroute.costmodel.predictors import PREDICTOR_NAMES
 from calroute.costmodel.profiles import HardwareProfile, get_profile, profile_from_calibration, profile_names
@@ -28,6 +29,7 @@ from calroute.workload.source import FamilyWorkload, TraceWorkload, WorkloadSour
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 app.add_typer(engines_app, name="engines")
+app.command()(serve)
 err = Console(stderr=True)
 # Piped output (logs, CI) would otherwise be cut at 80 columns, which truncates the comparison table.
 out = Console() if Console().is_terminal else Console(width=120)

@@ -24,7 +24,7 @@ class Router:
         self.policy = policy
         self.predictor = predictor
         self.ledger = ledger
-        self._on_decision = on_decision
+        self.on_decision = on_decision
 
     def admit(
         self,
@@ -39,8 +39,8 @@ class Router:
         adm = Admission(request_id, prompt_tokens, predicted, slo_class)
         view = self.ledger.view(now_s)
         decision = self.policy.route(adm, view)
-        if self._on_decision is not None:
-            self._on_decision(adm, view, decision)
+        if self.on_decision is not None:
+            self.on_decision(adm, view, decision)
         self.ledger.admit(
             request_id, decision.prefill_id, decision.decode_id, prompt_tokens, predicted, now_s
         )

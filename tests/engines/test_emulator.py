@@ -69,6 +69,7 @@ async def prefill_params(
 
 # ---- timing: measured TTFT and TPOT against the profile ------------------------------------------------
 # Tolerance: 10 % of the modelled time plus 5 ms (HTTP and event-loop overhead on a shared 2-core machine).
+# Single-shot latencies run at time scale 2, so a few ms of scheduling jitter stay within the tolerance.
 
 
 def close(measured: float, modelled: float) -> bool:
@@ -77,6 +78,7 @@ def close(measured: float, modelled: float) -> bool:
 
 def test_unloaded_prefill_and_decode_follow_the_profile() -> None:
     cal = PROFILE.calibration
+    scale = 2.0
 
     async def test(engines: list[RunningEngine], s: aiohttp.ClientSession) -> None:
         p, d = engines
@@ -87,12 +89,12 @@ def test_unloaded_prefill_and_decode_follow_the_profile() -> None:
         ttft, times = await timed_stream(s, d.url, {**req, "kv_transfer_params": params})
         tpot = (times[-1] - times[0]) / (len(times) - 1)
         # prompt is 1,025 tokens with the BOS
-        assert close(prefill_s, cal.prefill.single_s(1025)), prefill_s
-        assert close(ttft, cal.transfer_s(1025) + cal.decode.step_s(1, 1025)), ttft
+        assert close(prefill_s, scale * cal.prefill.single_s(1025)), prefill_s
+        assert close(ttft, scale * (cal.transfer_s(1025) + cal.decode.step_s(1, 1025))), ttft
         mean_step = statistics.fmean(cal.decode.step_s(1, 1025 + k) for k in range(1, 40))
-        assert close(tpot, mean_step), (tpot, mean_step)
+        assert close(tpot, scale * mean_step), (tpot, mean_step)
 
-    run_group(test)
+    run_group(test, time_scale=scale)
 
 
 def test_batched_decode_follows_the_profile() -> None:

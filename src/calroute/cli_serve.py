@@ -1,0 +1,88 @@
+"""`calroute serve`: the router proxy in front of a cluster file's engines."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from calroute.cluster import ClusterFile
+from calroute.costmodel.calibration import Calibration
+from calroute.costmodel.profiles import get_profile
+from calroute.errors import CalrouteError, ConfigError
+from calroute.policies import policy_names
+from calroute.types import SloClass
+
+err = Console(stderr=True)
+
+
+def serve(
+    cluster: Annotated[Path, typer.Option(help="cluster file (calroute engines up)")],
+    policy: Annotated[
+        str, typer.Option(help=f"routing policy: {', '.join(policy_names())}")
+    ] = "marginal_cost",
+    param: Annotated[list[str] | None, typer.Option(help="policy parameter NAME=VALUE (repeatable)")] = None,
+    calibration: Annotated[
+        Path | None,
+        typer.Option(help="calibration JSON (router constants, SLO targets); default: the profile's"),
+    ] = None,
+    predictor: Annotated[str, typer.Option(help="output-length predictor: bucket or constant")] = "bucket",
+    default_slo: Annotated[SloClass, typer.Option(help="SLO class of requests without an SLO header")] = (
+        SloClass.LOOSE
+    ),
+    host: Annotated[str, typer.Option(help="address to bind (loopback unless told otherwise)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to listen on")] = 8000,
+    log: Annotated[Path | None, typer.Option(help="per-request JSONL log")] = None,
+    decision_log: Annotated[Path | None, typer.Option(help="JSONL of every decision and its view")] = None,
+    max_attempts: Annotated[int, typer.Option(min=1, help="tries per request across engines")] = 3,
+) -> None:
+    """Route OpenAI-compatible requests to a vLLM prefill/decode cluster with the chosen policy.
+
+    Admin endpoints (/state, /admin/policy) need CALROUTE_ADMIN_TOKEN set; engines' API key, if they want
+    one, comes from CALROUTE_ENGINE_API_KEY.
+    """
+    from aiohttp import web
+
+    from calroute.proxy.app import Proxy, ProxyConfig
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        c = ClusterFile.load(cluster)
+        if calibration is not None:
+            cal = Calibration.load(calibration)
+        elif c.profile is not None and not c.profile.startswith("calibration:"):
+            cal = get_profile(c.profile).calibration
+        else:
+            cal = get_profile("a40-qwen2.5-3b").calibration
+            err.print(
+                "[yellow]warning:[/] no --calibration: pricing with the a40-qwen2.5-3b profile's constants"
+            )
+        params: dict[str, str] = {}
+        for item in param or []:
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise ConfigError(f"--param {item!r}: expected NAME=VALUE")
+            params[key] = value
+        proxy = Proxy(
+            ProxyConfig(
+                cluster=c,
+                calibration=cal,
+                policy=policy,
+                policy_params=params,
+                predictor=predictor,
+                default_slo=default_slo,
+                log_path=log,
+                max_attempts=max_attempts,
+                admin_token=os.environ.get("CALROUTE_ADMIN_TOKEN") or None,
+                engine_api_key=os.environ.get("CALROUTE_ENGINE_API_KEY") or None,
+            )
+        )
+    except CalrouteError as e:
+        err.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from e
+    err.print(f"calroute proxy on http://{host}:{port} ({policy}, {len(c.prefill)}P+{len(c.decode)}D)")
+    web.run_app(proxy.app(), host=host, port=port, handler_cancellation=True, access_log=None, print=None)

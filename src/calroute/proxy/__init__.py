@@ -1,0 +1,1 @@
+"""The router proxy: OpenAI-compatible front, vLLM NixlConnector prefill/decode handoff, live signals."""

@@ -1,0 +1,521 @@
+"""The proxy: an OpenAI-compatible front that routes each request to a prefill and a decode engine.
+
+Per request: validate, classify (SLO header), estimate the prompt length, let the router (the simulator's
+policy, predictor and ledger) pick the pair, prefill with ``max_tokens=1`` and ``do_remote_decode``, then
+decode with the returned ``kv_transfer_params``, relaying the decode engine's answer (SSE passes through).
+A failed prefill is retried on another prefill engine; a decode that fails before any output is retried on
+another decode engine with a fresh prefill (transfer params are never reused). Engine 4xx answers go back
+to the client and never count against the engine. Every admitted request ends in exactly one record.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import aiohttp
+from aiohttp import web
+
+from calroute.cluster import ClusterFile
+from calroute.costmodel.calibration import Calibration
+from calroute.costmodel.predictors import make_predictor
+from calroute.decisions import DecisionLog
+from calroute.errors import ConfigError, NoCandidateError
+from calroute.ledger import Ledger
+from calroute.policies import make_policy
+from calroute.proxy import pd
+from calroute.proxy.metrics import ProxyMetrics
+from calroute.proxy.prompt_length import PromptLength
+from calroute.proxy.signals import Signals
+from calroute.proxy.slo import slo_class
+from calroute.records import RecordWriter, RequestRecord
+from calroute.router import Router
+from calroute.types import RequestStatus, SloClass
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    cluster: ClusterFile
+    calibration: Calibration
+    policy: str = "marginal_cost"
+    policy_params: dict[str, Any] = field(default_factory=dict)
+    predictor: str = "bucket"
+    default_slo: SloClass = SloClass.LOOSE
+    log_path: Path | None = None
+    decision_log_path: Path | None = None  # every decision with the view it was made on (decisions.py)
+    poll_interval_s: float = 0.05
+    health_interval_s: float = 1.0
+    prefill_timeout_s: float = 60.0
+    stall_timeout_s: float = 60.0  # longest silence from a decode engine before it counts as stalled
+    max_attempts: int = 3
+    max_body_bytes: int = 8 * 1024 * 1024
+    admin_token: str | None = None  # from CALROUTE_ADMIN_TOKEN; None disables the admin endpoints
+    engine_api_key: str | None = None  # from CALROUTE_ENGINE_API_KEY; sent to engines, never logged
+
+    def __post_init__(self) -> None:
+        if self.predictor == "oracle":
+            raise ConfigError("the oracle predictor needs the true output length: simulator only")
+        if self.max_attempts < 1:
+            raise ConfigError(f"max_attempts must be >= 1, got {self.max_attempts}")
+
+
+class _Failed(Exception):
+    """An engine failed (connection, 5xx, timeout) before any output reached the client: retry."""
+
+    def __init__(self, engine_id: str, phase: str, reason: str) -> None:
+        super().__init__(reason)
+        self.engine_id = engine_id
+        self.phase = phase
+
+
+def _error(
+    status: int, message: str, kind: str = "BadRequestError", param: str | None = None
+) -> web.Response:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    return web.json_response(body, status=status)
+
+
+@dataclass
+class _Flight:
+    """One client request's journey, across attempts."""
+
+    request_id: str
+    arrival_s: float
+    slo: SloClass
+    prompt_tokens: int
+    prompt_chars: int | None
+    target_tokens: int
+    predicted: int = 0
+    prefill_id: str | None = None
+    decode_id: str | None = None
+    admitted: bool = False  # in the ledger now
+    prefill_done_s: float | None = None
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    output_tokens: int = 0
+    recorded: bool = False
+
+
+class Proxy:
+    def __init__(self, cfg: ProxyConfig) -> None:
+        self.cfg = cfg
+        self._t0 = time.monotonic()
+        self.ledger = Ledger(cfg.cluster.instance_specs(), cfg.calibration)
+        self.policy_name = cfg.policy
+        self.router = Router(
+            make_policy(cfg.policy, cfg.policy_params, cfg.calibration),
+            make_predictor(cfg.predictor),
+            self.ledger,
+        )
+        self._engine_headers = {"Authorization": f"Bearer {cfg.engine_api_key}"} if cfg.engine_api_key else {}
+        self.signals = Signals(
+            list(cfg.cluster.engines),
+            self.ledger,
+            self.now,
+            cfg.poll_interval_s,
+            cfg.health_interval_s,
+            self._engine_headers,
+        )
+        self.metrics = ProxyMetrics(self._live)
+        self.prompt_length = PromptLength()
+        self._urls = {e.id: e.url for e in cfg.cluster.engines}
+        self._session: aiohttp.ClientSession | None = None
+        self._log: IO[str] | None = None
+        self._writer: RecordWriter | None = None
+        self._decision_stream: IO[str] | None = None
+
+    def now(self) -> float:
+        return time.monotonic() - self._t0
+
+    def _live(self) -> list[tuple[str, bool, float | None]]:
+        now = self.now()
+        return [
+            (e, self.signals.healthy[e], None if t is None else now - t)
+            for e, t in self.signals.last_sample_s.items()
+        ]
+
+    # ---- app ----------------------------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.cfg.max_body_bytes)
+        app.add_routes(
+            [
+                web.post("/v1/completions", self._completions),
+                web.post("/v1/chat/completions", self._chat),
+                web.get("/v1/models", self._models),
+                web.get("/health", self._health),
+                web.get("/metrics", self._metrics),
+                web.get("/state", self._state),
+                web.post("/admin/policy", self._set_policy),
+            ]
+        )
+        app.on_startup.append(self._startup)
+        app.on_cleanup.append(self._cleanup)
+        return app
+
+    async def _startup(self, app: web.Application) -> None:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None), auto_decompress=False
+        )
+        if self.cfg.log_path is not None:
+            self.cfg.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = self.cfg.log_path.open("a")
+            self._writer = RecordWriter(self._log, flush_every=1)
+        if self.cfg.decision_log_path is not None:
+            self.cfg.decision_log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._decision_stream = self.cfg.decision_log_path.open("a", buffering=1)
+            self.router.on_decision = DecisionLog(self._decision_stream)
+        self.signals.start(self._session)
+
+    async def _cleanup(self, app: web.Application) -> None:
+        await self.signals.stop()
+        if self._session is not None:
+            await self._session.close()
+        for stream in (self._log, self._decision_stream):
+            if stream is not None:
+                stream.close()
+
+    # ---- generation ---------------------------------------------------------------------------------
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "/v1/completions")
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "/v1/chat/completions")
+
+    async def _generate(self, request: web.Request, path: str) -> web.StreamResponse:
+        arrival = self.now()
+        try:
+            body = await request.json()
+        except web.HTTPRequestEntityTooLarge:
+            return _error(413, f"request body larger than {self.cfg.max_body_bytes} bytes", "RequestTooLarge")
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            return _error(400, f"the request body is not valid JSON: {e}")
+        problem = self._validate(body, path)
+        if problem is not None:
+            return problem
+        try:
+            slo = slo_class(request.headers, self.cfg.calibration.slo, self.cfg.default_slo)
+        except ValueError as e:
+            return _error(400, str(e), param="headers")
+        tokens, chars = self.prompt_length.estimate(body)
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        flight = _Flight(
+            uuid.uuid4().hex, arrival, slo, tokens, chars, max_tokens if isinstance(max_tokens, int) else 0
+        )
+        try:
+            return await self._serve(request, body, path, flight)
+        finally:
+            if not flight.recorded:  # the client went away (handler cancelled) or something unexpected
+                self._finish(flight, RequestStatus.CANCELLED, "client disconnected")
+
+    def _validate(self, body: Any, path: str) -> web.Response | None:
+        if not isinstance(body, dict):
+            return _error(400, "the request body must be a JSON object")
+        key = "messages" if path.endswith("chat/completions") else "prompt"
+        if key not in body:
+            return _error(400, f"{key} is required", param=key)
+        for name in ("max_tokens", "max_completion_tokens"):
+            value = body.get(name)
+            if value is None:
+                continue
+            if not isinstance(value, int) or isinstance(value, bool):
+                return _error(400, f"{name} must be an integer", param=name)
+            if value < 1 or value > self.cfg.cluster.max_model_len:
+                return _error(
+                    400, f"{name} must be in [1, {self.cfg.cluster.max_model_len}], got {value}", param=name
+                )
+        if not isinstance(body.get("stream", False), bool):
+            return _error(400, "stream must be a boolean", param="stream")
+        return None
+
+    async def _serve(
+        self, request: web.Request, body: dict[str, Any], path: str, f: _Flight
+    ) -> web.StreamResponse:
+        last_error = "no attempt made"
+        for _ in range(self.cfg.max_attempts):
+            started = time.perf_counter()
+            try:
+                adm, decision = self.router.admit(f.request_id, f.prompt_tokens, f.slo, self.now())
+            except NoCandidateError as e:
+                self._finish(f, RequestStatus.FAILED, str(e))
+                return _error(503, f"no engine can serve the request: {e}", "ServiceUnavailable")
+            self.metrics.decision.observe(time.perf_counter() - started)
+            f.admitted, f.predicted = True, adm.predicted_output_tokens
+            f.prefill_id, f.decode_id = decision.prefill_id, decision.decode_id
+            f.prefill_done_s = f.first_token_s = f.last_token_s = None
+            try:
+                kv, client_error = await self._prefill(body, path, f)
+                if client_error is not None:
+                    return client_error
+                return await self._decode(request, body, path, f, kv)
+            except _Failed as e:
+                last_error = f"{e.phase} engine {e.engine_id}: {e}"
+                self.signals.mark_failed(e.engine_id, str(e))
+                self.metrics.engine_errors.labels(e.engine_id).inc()
+                self.metrics.retries.labels(e.phase).inc()
+                self.router.done(f.request_id, f.prompt_tokens, 0, self.now(), ok=False)
+                f.admitted = False
+        self._finish(f, RequestStatus.FAILED, last_error)
+        return _error(502, f"every attempt failed; last: {last_error}", "BadGateway")
+
+    def _headers(self, f: _Flight) -> dict[str, str]:
+        return {**self._engine_headers, "X-Request-Id": f.request_id}
+
+    async def _prefill(
+        self, body: dict[str, Any], path: str, f: _Flight
+    ) -> tuple[dict[str, Any] | None, web.Response | None]:
+        assert self._session is not None and f.prefill_id is not None
+        url = self._urls[f.prefill_id] + path
+        try:
+            async with self._session.post(
+                url,
+                json=pd.prefill_body(body),
+                headers=self._headers(f),
+                timeout=aiohttp.ClientTimeout(total=self.cfg.prefill_timeout_s),
+            ) as r:
+                payload = await r.read()
+                status = r.status
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise _Failed(f.prefill_id, "prefill", f"{type(e).__name__}: {e}") from e
+        if status >= 500:
+            raise _Failed(f.prefill_id, "prefill", f"HTTP {status}")
+        if status >= 400:
+            return None, self._client_error(f, status, payload)
+        f.prefill_done_s = self.now()
+        self.router.prefill_done(f.request_id, f.prefill_done_s)
+        try:
+            out = json.loads(payload)
+            prompt_tokens = int(out["usage"]["prompt_tokens"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise _Failed(f.prefill_id, "prefill", f"unreadable prefill response: {e}") from e
+        self.prompt_length.learn(f.prompt_chars, prompt_tokens)
+        f.prompt_tokens = prompt_tokens
+        kv = out.get("kv_transfer_params")
+        return (kv if isinstance(kv, dict) and kv else None), None
+
+    def _client_error(self, f: _Flight, status: int, payload: bytes) -> web.Response:
+        """An engine refused the request as malformed: the client's problem, not the engine's."""
+        self._finish(f, RequestStatus.REJECTED, f"HTTP {status}: {payload[:200].decode(errors='replace')}")
+        return web.Response(body=payload, status=status, content_type="application/json")
+
+    async def _decode(
+        self, request: web.Request, body: dict[str, Any], path: str, f: _Flight, kv: dict[str, Any] | None
+    ) -> web.StreamResponse:
+        assert self._session is not None and f.decode_id is not None
+        url = self._urls[f.decode_id] + path
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=self.cfg.stall_timeout_s)
+        try:
+            async with self._session.post(
+                url, json=pd.decode_body(body, kv), headers=self._headers(f), timeout=timeout
+            ) as r:
+                if r.status >= 500:
+                    raise _Failed(f.decode_id, "decode", f"HTTP {r.status}")
+                if r.status >= 400:
+                    return self._client_error(f, r.status, await r.read())
+                if not body.get("stream"):
+                    return await self._relay_json(r, f)
+                return await self._relay_stream(request, r, f, pd.client_wants_usage(body))
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise _Failed(f.decode_id, "decode", f"{type(e).__name__}: {e}") from e
+
+    async def _relay_json(self, r: aiohttp.ClientResponse, f: _Flight) -> web.Response:
+        payload = await r.read()
+        now = self.now()
+        try:
+            f.output_tokens = int(json.loads(payload)["usage"]["completion_tokens"])
+        except (ValueError, KeyError, TypeError):
+            f.output_tokens = 0
+        # A JSON answer has no token timing: first and last token are the moment it arrives.
+        f.first_token_s = f.last_token_s = now
+        self.router.first_token(f.request_id, now)
+        self._finish(f, RequestStatus.OK, None)
+        return web.Response(body=payload, status=r.status, content_type="application/json")
+
+    async def _relay_stream(
+        self, request: web.Request, r: aiohttp.ClientResponse, f: _Flight, client_wants_usage: bool
+    ) -> web.StreamResponse:
+        resp: web.StreamResponse | None = None
+        skip_blank = False
+        error: str | None = None
+        try:
+            async for line in r.content:
+                if resp is None:
+                    resp = web.StreamResponse(
+                        status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+                    )
+                    await resp.prepare(request)
+                if skip_blank and line.strip() == b"":
+                    skip_blank = False
+                    continue
+                if line.startswith(b"data: {"):
+                    if b'"choices":[]' in line:  # the usage chunk
+                        try:
+                            f.output_tokens = int(json.loads(line[6:])["usage"]["completion_tokens"])
+                        except (ValueError, KeyError, TypeError):
+                            pass
+                        if not client_wants_usage:
+                            skip_blank = True
+                            continue
+                    elif line.startswith(b'data: {"error"'):
+                        error = line[6:].strip().decode(errors="replace")[:300]
+                    else:
+                        now = self.now()
+                        if f.first_token_s is None:
+                            f.first_token_s = now
+                            self.router.first_token(f.request_id, now)
+                        f.last_token_s = now
+                await resp.write(line)
+        except (aiohttp.ClientError, TimeoutError) as e:
+            if resp is None:
+                raise  # nothing reached the client yet: the caller retries elsewhere
+            error = f"decode engine {f.decode_id} broke off the stream: {type(e).__name__}"
+            self.signals.mark_failed(f.decode_id or "", error)
+            self.metrics.engine_errors.labels(f.decode_id or "").inc()
+            body = {"error": {"message": error, "type": "BadGateway", "param": None, "code": 502}}
+            await resp.write(f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode())
+        if resp is None:
+            raise _Failed(f.decode_id or "", "decode", "empty response")
+        await resp.write_eof()
+        self._finish(f, RequestStatus.FAILED if error else RequestStatus.OK, error)
+        return resp
+
+    # ---- bookkeeping --------------------------------------------------------------------------------
+
+    def _finish(self, f: _Flight, status: RequestStatus, error: str | None) -> None:
+        if f.recorded:
+            return
+        f.recorded = True
+        now = self.now()
+        ok = status is RequestStatus.OK
+        if f.admitted:
+            if ok and f.first_token_s is None:
+                self.router.first_token(f.request_id, now)
+            self.router.done(f.request_id, f.prompt_tokens, f.output_tokens, now, ok=ok)
+            f.admitted = False
+        rec = RequestRecord(
+            f.request_id,
+            f.slo,
+            f.prompt_tokens,
+            f.target_tokens,
+            f.predicted,
+            f.output_tokens,
+            self.policy_name,
+            f.prefill_id,
+            f.decode_id,
+            f.arrival_s,
+            f.prefill_done_s,
+            f.first_token_s,
+            f.last_token_s,
+            status,
+            error,
+        )
+        if self._writer is not None:
+            self._writer.write(rec)
+        self.metrics.requests.labels(
+            self.policy_name, f.prefill_id or "", f.decode_id or "", status.value
+        ).inc()
+        if ok and rec.ttft_s is not None:
+            self.metrics.ttft.observe(rec.ttft_s)
+            if f.output_tokens >= 2 and rec.tpot_s is not None:
+                self.metrics.tpot.observe(rec.tpot_s)
+
+    # ---- the rest of the surface --------------------------------------------------------------------
+
+    async def _models(self, request: web.Request) -> web.Response:
+        c = self.cfg.cluster
+        model = {
+            "id": c.model,
+            "object": "model",
+            "owned_by": "vllm",
+            "root": c.model,
+            "max_model_len": c.max_model_len,
+        }
+        return web.json_response({"object": "list", "data": [model]})
+
+    async def _health(self, request: web.Request) -> web.Response:
+        healthy = self.signals.healthy
+        pre = sum(healthy[e.id] for e in self.cfg.cluster.prefill)
+        dec = sum(healthy[e.id] for e in self.cfg.cluster.decode)
+        status = 200 if pre and dec else 503
+        return web.json_response(
+            {
+                "status": "ok" if status == 200 else "unavailable",
+                "prefill_instances": pre,
+                "decode_instances": dec,
+            },
+            status=status,
+        )
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.exposition(), content_type="text/plain", charset="utf-8")
+
+    def _authorized(self, request: web.Request) -> web.Response | None:
+        if self.cfg.admin_token is None:
+            return _error(403, "admin endpoints are disabled: set CALROUTE_ADMIN_TOKEN", "Forbidden")
+        given = request.headers.get("Authorization", "")
+        expected = f"Bearer {self.cfg.admin_token}"
+        if not hmac.compare_digest(given.encode(), expected.encode()):
+            return _error(401, "missing or wrong admin token", "Unauthorized")
+        return None
+
+    async def _state(self, request: web.Request) -> web.Response:
+        denied = self._authorized(request)
+        if denied is not None:
+            return denied
+        view = self.ledger.view(self.now())
+        cal = self.cfg.calibration
+        return web.json_response(
+            {
+                "policy": self.policy_name,
+                "constants": {
+                    "tau_pre_s": cal.tau_pre_s,
+                    "tau_dec_s": cal.tau_dec_s,
+                    "source": cal.provenance.get("source"),
+                },
+                "slo": {
+                    "tight_ttft_s": cal.slo.tight_ttft_s,
+                    "tight_tpot_s": cal.slo.tight_tpot_s,
+                    "loose_factor": cal.slo.loose_factor,
+                },
+                "chars_per_token": self.prompt_length.chars_per_token,
+                "in_flight": self.ledger.in_flight_requests(),
+                "engines": [
+                    {
+                        **s._asdict(),
+                        "role": s.role.value,
+                        "url": self._urls[s.instance_id],
+                        "metrics_age_s": None if s.metrics_age_s == float("inf") else s.metrics_age_s,
+                    }
+                    for s in (*view.prefill, *view.decode)
+                ],
+            }
+        )
+
+    async def _set_policy(self, request: web.Request) -> web.Response:
+        denied = self._authorized(request)
+        if denied is not None:
+            return denied
+        try:
+            body = await request.json()
+            name = body["policy"]
+            params = body.get("params", {})
+            if not isinstance(name, str) or not isinstance(params, dict):
+                raise ConfigError("policy must be a name and params an object")
+            policy = make_policy(name, params, self.cfg.calibration)
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            return _error(400, f'expected {{"policy": NAME, "params": {{...}}}}: {e}')
+        except ConfigError as e:
+            return _error(400, str(e))
+        self.router.policy = policy
+        self.policy_name = name
+        logger.info("policy switched to %s %s", name, params)
+        return web.json_response({"policy": name, "params": params})

@@ -1,0 +1,76 @@
+"""The proxy's own Prometheus metrics (a registry per proxy, so tests can run several in one process)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+_LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.175, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
+_TPOT_BUCKETS_S = (0.005, 0.01, 0.02, 0.03, 0.04, 0.06, 0.08, 0.12, 0.2, 0.5, 1.0)
+_DECISION_BUCKETS_S = (1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 5e-3)
+
+
+class _LiveCollector(Collector):
+    """Engine health and signal age, read at scrape time."""
+
+    def __init__(self, read: Callable[[], list[tuple[str, bool, float | None]]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        healthy = GaugeMetricFamily(
+            "calroute_engine_healthy", "1 when the engine is in routing.", labels=["engine"]
+        )
+        age = GaugeMetricFamily(
+            "calroute_signal_age_seconds", "Age of the engine's last /metrics sample.", labels=["engine"]
+        )
+        for engine, ok, age_s in self._read():
+            healthy.add_metric([engine], 1.0 if ok else 0.0)
+            if age_s is not None:
+                age.add_metric([engine], age_s)
+        yield healthy
+        yield age
+
+
+class ProxyMetrics:
+    def __init__(self, live: Callable[[], list[tuple[str, bool, float | None]]]) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "calroute_requests",
+            "Requests by policy, chosen engines and terminal status.",
+            ["policy", "prefill", "decode", "status"],
+            registry=self.registry,
+        )
+        self.retries = Counter(
+            "calroute_retries", "Retried hops by phase.", ["phase"], registry=self.registry
+        )
+        self.engine_errors = Counter(
+            "calroute_engine_errors",
+            "Failed engine requests (connection, 5xx, timeout).",
+            ["engine"],
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "calroute_ttft_seconds",
+            "Time to first token through the proxy.",
+            buckets=_LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.tpot = Histogram(
+            "calroute_tpot_seconds",
+            "Time per output token after the first.",
+            buckets=_TPOT_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.decision = Histogram(
+            "calroute_decision_seconds",
+            "Time to predict, build the view and run the policy.",
+            buckets=_DECISION_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.registry.register(_LiveCollector(live))
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

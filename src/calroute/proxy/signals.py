@@ -1,0 +1,149 @@
+"""Live signals per engine: /metrics polled every 50 ms (KV usage, running, waiting) and /health probes.
+
+An engine that fails a health probe, or a request, is taken out of routing; a probe that succeeds brings it
+back. Metrics that cannot be read leave the last sample in place (its age shows in the proxy's metrics) and
+do not, by themselves, take an engine out: generation may well be working.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+import aiohttp
+
+from calroute.cluster import ClusterEngine
+from calroute.ledger import Ledger
+
+logger = logging.getLogger(__name__)
+
+_NAMES = {
+    b"vllm:kv_cache_usage_perc": 0,
+    b"vllm:gpu_cache_usage_perc": 0,  # vLLM < 0.11
+    b"vllm:num_requests_running": 1,
+    b"vllm:num_requests_waiting": 2,
+}
+
+
+def parse_vllm_metrics(text: bytes) -> tuple[float, float, float] | None:
+    """(KV usage 0..1, running, waiting), each summed over label sets; None if a gauge is missing.
+
+    Searches for the three gauges instead of parsing every line: a real vLLM exposition is tens of
+    kilobytes of histograms, scraped 20 times a second per engine.
+    """
+    values = [0.0, 0.0, 0.0]
+    seen = [False, False, False]
+    for name, slot in _NAMES.items():
+        if seen[slot]:
+            continue
+        start = 0
+        while True:
+            i = text.find(name, start)
+            if i < 0:
+                break
+            end = text.find(b"\n", i)
+            line = text[i : end if end >= 0 else len(text)]
+            start = i + len(name)
+            after = line[len(name) : len(name) + 1]
+            if after not in (b"{", b" "):
+                continue  # a longer name with this prefix, e.g. ..._by_reason
+            if i > 0 and text[i - 1 : i] != b"\n":
+                continue  # inside a # HELP or # TYPE line
+            try:
+                values[slot] += float(line.rsplit(b" ", 1)[1])
+                seen[slot] = True
+            except (ValueError, IndexError):
+                continue
+    return (values[0], values[1], values[2]) if all(seen) else None
+
+
+class Signals:
+    def __init__(
+        self,
+        engines: list[ClusterEngine],
+        ledger: Ledger,
+        now: Callable[[], float],
+        poll_interval_s: float = 0.05,
+        health_interval_s: float = 1.0,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.engines = engines
+        self.ledger = ledger
+        self._now = now
+        self.poll_interval_s = poll_interval_s
+        self.health_interval_s = health_interval_s
+        self._headers = headers or {}
+        self.healthy = {e.id: True for e in engines}
+        self.last_sample_s: dict[str, float | None] = {e.id: None for e in engines}
+        self.metrics_failures = {e.id: 0 for e in engines}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._session: aiohttp.ClientSession | None = None
+
+    def start(self, session: aiohttp.ClientSession) -> None:
+        self._session = session
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._poll(e)) for e in self.engines]
+        self._tasks.append(loop.create_task(self._health_loop()))
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def mark_failed(self, engine_id: str, reason: str) -> None:
+        if self.healthy.get(engine_id):
+            logger.warning("engine %s out of routing: %s", engine_id, reason)
+        self.healthy[engine_id] = False
+        self.ledger.set_healthy(engine_id, False)
+
+    def _mark_ok(self, engine_id: str) -> None:
+        if not self.healthy.get(engine_id):
+            logger.info("engine %s back in routing", engine_id)
+        self.healthy[engine_id] = True
+        self.ledger.set_healthy(engine_id, True)
+
+    async def _poll(self, engine: ClusterEngine) -> None:
+        assert self._session is not None
+        timeout = aiohttp.ClientTimeout(total=max(1.0, 10 * self.poll_interval_s))
+        url = f"{engine.url}/metrics"
+        while True:
+            started = time.monotonic()
+            try:
+                async with self._session.get(url, timeout=timeout, headers=self._headers) as r:
+                    body = await r.read() if r.status == 200 else b""
+                parsed = parse_vllm_metrics(body) if body else None
+                if parsed is not None:
+                    usage, running, waiting = parsed
+                    now = self._now()
+                    self.ledger.record_sample(
+                        engine.id, round(usage * engine.kv_capacity_tokens), int(running), int(waiting), now
+                    )
+                    self.last_sample_s[engine.id] = now
+                    self.metrics_failures[engine.id] = 0
+                else:
+                    self.metrics_failures[engine.id] += 1
+            except (aiohttp.ClientError, TimeoutError):
+                self.metrics_failures[engine.id] += 1
+            await asyncio.sleep(max(0.0, self.poll_interval_s - (time.monotonic() - started)))
+
+    async def _health_loop(self) -> None:
+        assert self._session is not None
+        timeout = aiohttp.ClientTimeout(total=max(0.5, self.health_interval_s))
+        while True:
+            results = await asyncio.gather(*(self._probe(e, timeout) for e in self.engines))
+            for e, ok in zip(self.engines, results, strict=True):
+                if ok:
+                    self._mark_ok(e.id)
+                else:
+                    self.mark_failed(e.id, "health probe failed")
+            await asyncio.sleep(self.health_interval_s)
+
+    async def _probe(self, engine: ClusterEngine, timeout: aiohttp.ClientTimeout) -> bool:
+        assert self._session is not None
+        try:
+            async with self._session.get(f"{engine.url}/health", timeout=timeout, headers=self._headers) as r:
+                return r.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False

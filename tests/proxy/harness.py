@@ -1,0 +1,59 @@
+"""Run a proxy in a background thread with its own event loop, for tests that talk to it over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from types import TracebackType
+
+from aiohttp import web
+
+from calroute.proxy.app import Proxy, ProxyConfig
+
+
+class RunningProxy:
+    def __init__(self, cfg: ProxyConfig) -> None:
+        self.proxy = Proxy(cfg)
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("proxy did not start")
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_until_complete(self._start())
+        self._ready.set()
+        self._loop.run_forever()
+
+    async def _start(self) -> None:
+        self._runner = web.AppRunner(self.proxy.app(), handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+
+    def call(self, fn: object) -> None:
+        """Run a plain callable on the proxy's loop (to mutate its state safely)."""
+        self._loop.call_soon_threadsafe(fn)  # type: ignore[arg-type]
+
+    def stop(self) -> None:
+        async def shutdown() -> None:
+            if self._runner is not None:
+                await self._runner.cleanup()
+
+        asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(timeout=15)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()
+
+    def __enter__(self) -> RunningProxy:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
