@@ -33,5 +33,16 @@ def test_bad_arguments(kw: dict[str, float], message: str) -> None:
 
 
 def test_never_good_is_an_error() -> None:
-    with pytest.raises(ConfigError, match="below the saturation target"):
+    with pytest.raises(ConfigError, match="goodput is 0"):
         find_saturation(lambda r: 0.0)
+
+
+def test_an_unreachable_target_becomes_relative_to_the_low_load_goodput() -> None:
+    """A workload that misses some SLOs by physics: 0.7 at best, collapsing above 5 req/s."""
+
+    def goodput(rate: float) -> float:
+        return 0.7 if rate <= 5 else max(0.0, 0.7 * (1 - (rate - 5) / 5))
+
+    res = find_saturation(goodput, target=0.85, start_rps=20.0, rel_tol=0.01)
+    assert res.relative and res.target == pytest.approx(0.85 * 0.7)
+    assert res.rate_rps == pytest.approx(5 * 1.15, rel=0.02)

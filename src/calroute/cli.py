@@ -13,7 +13,10 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from calroute.cli_bench import bench
 from calroute.cli_engines import engines_app
+from calroute.cli_experiment import experiment, report
+from calroute.cli_run import run
 from calroute.cli_serve import serve
 from calroute.costmodel.calibration import Calibration
 from calroute.costmodel.predictors import PREDICTOR_NAMES
@@ -30,6 +33,10 @@ from calroute.workload.source import FamilyWorkload, TraceWorkload, WorkloadSour
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 app.add_typer(engines_app, name="engines")
 app.command()(serve)
+app.command()(experiment)
+app.command()(run)
+app.command()(bench)
+app.command("report")(report)
 err = Console(stderr=True)
 # Piped output (logs, CI) would otherwise be cut at 80 columns, which truncates the comparison table.
 out = Console() if Console().is_terminal else Console(width=120)
@@ -286,7 +293,7 @@ def profile_cmd(
 def demo(
     out_dir: Annotated[Path, typer.Option("--out", help="where the report goes")] = Path("out/demo"),
 ) -> None:
-    """The main job: compare the four policies on the saturated mixed-bursty 2P+4D cluster, write a report."""
+    """The main job: a calibrated 2P+4D emulated cluster, the four policies live through the proxy."""
     from calroute.demo import run_demo
 
     try:

@@ -39,6 +39,9 @@ def serve(
     log: Annotated[Path | None, typer.Option(help="per-request JSONL log")] = None,
     decision_log: Annotated[Path | None, typer.Option(help="JSONL of every decision and its view")] = None,
     max_attempts: Annotated[int, typer.Option(min=1, help="tries per request across engines")] = 3,
+    online_calibration: Annotated[
+        bool, typer.Option(help="refit the router's constants from routed requests as traffic flows")
+    ] = False,
 ) -> None:
     """Route OpenAI-compatible requests to a vLLM prefill/decode cluster with the chosen policy.
 
@@ -76,7 +79,9 @@ def serve(
                 predictor=predictor,
                 default_slo=default_slo,
                 log_path=log,
+                decision_log_path=decision_log,
                 max_attempts=max_attempts,
+                online_calibration=online_calibration,
                 admin_token=os.environ.get("CALROUTE_ADMIN_TOKEN") or None,
                 engine_api_key=os.environ.get("CALROUTE_ENGINE_API_KEY") or None,
             )

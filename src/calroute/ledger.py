@@ -190,6 +190,11 @@ class Ledger:
         b.waiting = waiting
         b.sampled_at_s = now_s
 
+    def sampled_load(self, instance_id: str) -> tuple[int, int]:
+        """(running requests, KV tokens in use) of the engine's last metrics sample."""
+        b = self._books[instance_id]
+        return b.running, b.kv_used_tokens
+
     # ---- estimates ----------------------------------------------------------------------------------
 
     def _account_busy(self, b: _Book, now_s: float) -> None:

@@ -2,7 +2,9 @@
 
 Routing policies only separate under contention, so comparisons run where the reference policy's goodput
 crosses a target (0.85 by default): probe rates by doubling or halving until the target is bracketed,
-then bisect on a log scale.
+then bisect on a log scale. Some workloads cannot reach the target even unloaded (long prompts with tight
+TTFT targets miss them by physics): when goodput stays below it down to 1/64 of the starting rate, the
+target becomes relative, ``target x`` the best goodput seen at low load, and the result says so.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from calroute.errors import ConfigError
+
+_LOWEST_FRACTION = 1 / 64
 
 
 @dataclass(frozen=True)
@@ -23,8 +27,9 @@ class Probe:
 @dataclass(frozen=True)
 class SaturationResult:
     rate_rps: float
-    target: float
+    target: float  # the goodput the rate was bisected on (relative targets already multiplied out)
     probes: tuple[Probe, ...]
+    relative: bool = False
 
 
 def find_saturation(
@@ -35,10 +40,10 @@ def find_saturation(
     max_probes: int = 30,
     on_probe: Callable[[Probe], None] | None = None,
 ) -> SaturationResult:
-    """Highest-resolution estimate of the rate where ``measure(rate)`` (goodput) crosses ``target``.
+    """The rate where ``measure(rate)`` (goodput) crosses ``target``, to ``rel_tol`` relative.
 
-    Assumes goodput falls as the rate rises (noise is tolerated: bisection keeps the bracket's ends on
-    the right sides of the target). Stops when the bracket is narrower than ``rel_tol`` relative.
+    Assumes goodput falls as the rate rises; noise is tolerated (bisection keeps the bracket's ends on the
+    right sides of the target).
     """
     if not 0 < target < 1:
         raise ConfigError(f"saturation target must be in (0, 1), got {target}")
@@ -56,6 +61,7 @@ def find_saturation(
             on_probe(p)
         return g
 
+    relative = False
     lo = hi = start_rps
     if probe(start_rps) >= target:
         while True:
@@ -66,15 +72,28 @@ def find_saturation(
     else:
         while True:
             lo /= 2
-            if probe(lo) >= target:
+            g = probe(lo)
+            if g >= target:
                 break
             hi = lo
-            if lo < 1e-4:
-                raise ConfigError("goodput stays below the saturation target even at 1e-4 req/s")
+            if lo <= start_rps * _LOWEST_FRACTION:
+                best = max(p.goodput for p in probes)
+                if best <= 0:
+                    raise ConfigError("goodput is 0 at every probed rate: no saturation point to find")
+                target, relative = target * best, True
+                lo = max(p.rate_rps for p in probes if p.goodput >= target)
+                above = [p.rate_rps for p in probes if p.rate_rps > lo and p.goodput < target]
+                if above:
+                    hi = min(above)
+                else:  # collapse is above every rate probed so far: look higher
+                    hi = lo * 2
+                    while probe(hi) >= target:
+                        lo, hi = hi, hi * 2
+                break
     while hi / lo > 1 + rel_tol:
         mid = math.sqrt(lo * hi)
         if probe(mid) >= target:
             lo = mid
         else:
             hi = mid
-    return SaturationResult(rate_rps=math.sqrt(lo * hi), target=target, probes=tuple(probes))
+    return SaturationResult(math.sqrt(lo * hi), target, tuple(probes), relative)

@@ -170,3 +170,49 @@ def test_marginal_cost_sigma_scales_load_terms_not_the_tiebreak(calibration: Cal
     policy = make_policy("marginal_cost", {"sigma_tight": 4.0}, calibration)
     assert policy.route(make_admission(slo_class=SloClass.LOOSE), view).decode_id == "decode-0"
     assert policy.route(make_admission(slo_class=SloClass.TIGHT), view).decode_id == "decode-1"
+
+
+@pytest.mark.parametrize(
+    ("params", "adm", "decode", "want"),
+    [
+        # with output length, a long request avoids KV pressure; without it, it is priced as a short one
+        ({}, {"predicted_output_tokens": 3000}, [{"kv_used_tokens": 50_000}, {"backlog_s": 2.0}], "decode-1"),
+        (
+            {"use_output_length": False, "fallback_output_tokens": 16},
+            {"predicted_output_tokens": 3000},
+            [{"kv_used_tokens": 50_000}, {"backlog_s": 2.0}],
+            "decode-0",
+        ),
+        # without KV pressure the fuller engine is as cheap as the empty one: backlog decides
+        (
+            {"use_kv_pressure": False},
+            {"predicted_output_tokens": 3000},
+            [{"kv_used_tokens": 50_000}, {"backlog_s": 2.0}],
+            "decode-0",
+        ),
+        # without the prompt, a huge prompt no longer adds to KV pressure
+        (
+            {"use_prompt_length": True},
+            {"prompt_tokens": 30_000, "predicted_output_tokens": 10},
+            [{"kv_used_tokens": 29_000, "in_flight": 0}, {"kv_used_tokens": 0, "in_flight": 3}],
+            "decode-1",
+        ),
+    ],
+)
+def test_marginal_cost_feature_switches(
+    params: dict[str, Any],
+    adm: dict[str, Any],
+    decode: list[dict[str, Any]],
+    want: str,
+    calibration: Calibration,
+) -> None:
+    d = make_policy("marginal_cost", params, calibration).route(
+        make_admission(**adm), make_view(decode=decode)
+    )
+    assert d.decode_id == want
+
+
+def test_marginal_cost_without_slo_prices_classes_alike(calibration: Calibration) -> None:
+    view = make_view(decode=[{"backlog_s": 0.010, "in_flight": 0}, {"backlog_s": 0.0, "in_flight": 12}])
+    policy = make_policy("marginal_cost", {"sigma_tight": 4.0, "use_slo": False}, calibration)
+    assert policy.route(make_admission(slo_class=SloClass.TIGHT), view).decode_id == "decode-0"

@@ -226,18 +226,19 @@ def test_a_crashed_decode_engine_is_taken_out_and_requests_complete(
     assert {r.decode_id for r in records(p)} == {"decode-1"}
 
 
-def test_nothing_to_route_to_is_a_clear_503(
+def test_a_dead_pool_is_still_tried_then_answered_with_a_clear_502(
     fresh_cluster: Callable[..., ClusterFile], proxy_for: Callable[..., RunningProxy]
 ) -> None:
     c = fresh_cluster(1, 1)
     p = proxy_for(c)
     stop_process_group(c.pgids[1])  # the only decode engine
     wait_for(lambda: not p.proxy.signals.healthy["decode-0"])
-    status, out = request(f"{p.url}/v1/completions", body(max_tokens=3))
-    assert status == 503 and "no healthy decode instance" in out["error"]["message"]
     assert request(f"{p.url}/health")[0] == 503
+    # no healthy decode engine: the router tries them all anyway (panic mode), and reports why it failed
+    status, out = request(f"{p.url}/v1/completions", body(max_tokens=3))
+    assert status == 502 and "decode engine decode-0" in out["error"]["message"]
     (rec,) = records(p)
-    assert rec.status is RequestStatus.FAILED
+    assert rec.status is RequestStatus.FAILED and "decode-0" in (rec.error or "")
 
 
 def test_a_client_that_disconnects_mid_stream_frees_the_engine(

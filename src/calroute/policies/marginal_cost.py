@@ -10,6 +10,11 @@ terms disagree in units and the size term is mis-weighted, which is why calibrat
 press_after(d) = (max(kv_used, kv_committed) + prompt + o_hat) / kv_capacity: the KV pressure after this
 request joins, from the larger of the engine's sampled usage and the ledger's committed footprint.
 queue(d) is the in-flight count; w_q is a small tie-breaker.
+
+Feature switches remove one admission-time feature at a time (the paper's ablation, section V-G):
+use_output_length=False prices every request at ``fallback_output_tokens``; use_kv_pressure=False drops the
+(1 + rho * press) factor; use_slo=False sets sigma to 1 for every class; use_prompt_length=False drops the
+prompt from the prefill price and from the KV footprint.
 """
 
 from __future__ import annotations
@@ -30,12 +35,21 @@ class Params:
     rho: float = 1.0  # how much post-admission KV pressure inflates decode work
     sigma_tight: float = 2.0  # load amplifier for tight-SLO requests
     sigma_loose: float = 1.0
+    use_output_length: bool = True
+    use_kv_pressure: bool = True
+    use_slo: bool = True
+    use_prompt_length: bool = True
+    fallback_output_tokens: int = 256  # the price of every request when output length is not used
 
     def __post_init__(self) -> None:
         for name in ("w_b", "w_s", "w_q", "rho"):
             check(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("sigma_tight", "sigma_loose"):
             check(getattr(self, name) > 0, f"{name} must be > 0, got {getattr(self, name)}")
+        check(
+            self.fallback_output_tokens >= 1,
+            f"fallback_output_tokens must be >= 1, got {self.fallback_output_tokens}",
+        )
 
 
 class MarginalCost:
@@ -50,9 +64,13 @@ class MarginalCost:
         pr = self.params
         pre = healthy(view.prefill, "prefill")
         dec = healthy(view.decode, "decode")
-        sigma = pr.sigma_tight if adm.slo_class is SloClass.TIGHT else pr.sigma_loose
-        prompt = adm.prompt_tokens
-        o_hat = adm.predicted_output_tokens
+        if pr.use_slo:
+            sigma = pr.sigma_tight if adm.slo_class is SloClass.TIGHT else pr.sigma_loose
+        else:
+            sigma = 1.0
+        prompt = adm.prompt_tokens if pr.use_prompt_length else 0
+        o_hat = adm.predicted_output_tokens if pr.use_output_length else pr.fallback_output_tokens
+        rho = pr.rho if pr.use_kv_pressure else 0.0
 
         own_pre_s = pr.w_s * prompt * self.tau_pre_s
         pre_costs = tuple(sigma * (pr.w_b * s.backlog_s + own_pre_s) + pr.w_q * s.in_flight for s in pre)
@@ -65,9 +83,7 @@ class MarginalCost:
                 + own_dec_s
                 * (
                     1.0
-                    + pr.rho
-                    * (max(s.kv_used_tokens, s.kv_committed_tokens) + footprint)
-                    / s.kv_capacity_tokens
+                    + rho * (max(s.kv_used_tokens, s.kv_committed_tokens) + footprint) / s.kv_capacity_tokens
                 )
             )
             + pr.w_q * s.in_flight

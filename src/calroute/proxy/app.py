@@ -22,6 +22,7 @@ from typing import IO, Any
 import aiohttp
 from aiohttp import web
 
+from calroute.calibrate.online import OnlineCalibrator
 from calroute.cluster import ClusterFile
 from calroute.costmodel.calibration import Calibration
 from calroute.costmodel.predictors import make_predictor
@@ -57,6 +58,7 @@ class ProxyConfig:
     stall_timeout_s: float = 60.0  # longest silence from a decode engine before it counts as stalled
     max_attempts: int = 3
     max_body_bytes: int = 8 * 1024 * 1024
+    online_calibration: bool = False  # refit tau_pre / tau_dec from routed requests (calibrate/online.py)
     admin_token: str | None = None  # from CALROUTE_ADMIN_TOKEN; None disables the admin endpoints
     engine_api_key: str | None = None  # from CALROUTE_ENGINE_API_KEY; sent to engines, never logged
 
@@ -110,10 +112,18 @@ class Proxy:
         self._t0 = time.monotonic()
         self.ledger = Ledger(cfg.cluster.instance_specs(), cfg.calibration)
         self.policy_name = cfg.policy
+        self._policy_params: dict[str, Any] = dict(cfg.policy_params)
+        online = None
+        if cfg.online_calibration:
+            online = (
+                OnlineCalibrator(cfg.calibration),
+                lambda cal: make_policy(self.policy_name, self._policy_params, cal),
+            )
         self.router = Router(
             make_policy(cfg.policy, cfg.policy_params, cfg.calibration),
             make_predictor(cfg.predictor),
             self.ledger,
+            online=online,
         )
         self._engine_headers = {"Authorization": f"Bearer {cfg.engine_api_key}"} if cfg.engine_api_key else {}
         self.signals = Signals(
@@ -124,7 +134,7 @@ class Proxy:
             cfg.health_interval_s,
             self._engine_headers,
         )
-        self.metrics = ProxyMetrics(self._live)
+        self.metrics = ProxyMetrics(self._live, self._prices)
         self.prompt_length = PromptLength()
         self._urls = {e.id: e.url for e in cfg.cluster.engines}
         self._session: aiohttp.ClientSession | None = None
@@ -134,6 +144,10 @@ class Proxy:
 
     def now(self) -> float:
         return time.monotonic() - self._t0
+
+    def _prices(self) -> tuple[float, float]:
+        cal = self.router.constants or self.cfg.calibration
+        return cal.tau_pre_s, cal.tau_dec_s
 
     def _live(self) -> list[tuple[str, bool, float | None]]:
         now = self.now()
@@ -291,12 +305,12 @@ class Proxy:
         if status >= 400:
             return None, self._client_error(f, status, payload)
         f.prefill_done_s = self.now()
-        self.router.prefill_done(f.request_id, f.prefill_done_s)
         try:
             out = json.loads(payload)
             prompt_tokens = int(out["usage"]["prompt_tokens"])
         except (ValueError, KeyError, TypeError) as e:
             raise _Failed(f.prefill_id, "prefill", f"unreadable prefill response: {e}") from e
+        self.router.prefill_done(f.request_id, f.prefill_done_s, prompt_tokens)
         self.prompt_length.learn(f.prompt_chars, prompt_tokens)
         f.prompt_tokens = prompt_tokens
         kv = out.get("kv_transfer_params")
@@ -399,7 +413,7 @@ class Proxy:
         if f.admitted:
             if ok and f.first_token_s is None:
                 self.router.first_token(f.request_id, now)
-            self.router.done(f.request_id, f.prompt_tokens, f.output_tokens, now, ok=ok)
+            self.router.done(f.request_id, f.prompt_tokens, f.output_tokens, now, ok, f.first_token_s)
             f.admitted = False
         rec = RequestRecord(
             f.request_id,
@@ -476,10 +490,13 @@ class Proxy:
         return web.json_response(
             {
                 "policy": self.policy_name,
+                "params": self._policy_params,
                 "constants": {
-                    "tau_pre_s": cal.tau_pre_s,
-                    "tau_dec_s": cal.tau_dec_s,
-                    "source": cal.provenance.get("source"),
+                    "tau_pre_s": (self.router.constants or cal).tau_pre_s,
+                    "tau_dec_s": (self.router.constants or cal).tau_dec_s,
+                    "source": (self.router.constants or cal).provenance.get("source"),
+                    "online": self.router.online is not None,
+                    "refits": 0 if self.router.online is None else self.router.online[0].refits,
                 },
                 "slo": {
                     "tight_ttft_s": cal.slo.tight_ttft_s,
@@ -510,12 +527,13 @@ class Proxy:
             params = body.get("params", {})
             if not isinstance(name, str) or not isinstance(params, dict):
                 raise ConfigError("policy must be a name and params an object")
-            policy = make_policy(name, params, self.cfg.calibration)
+            policy = make_policy(name, params, self.router.constants or self.cfg.calibration)
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             return _error(400, f'expected {{"policy": NAME, "params": {{...}}}}: {e}')
         except ConfigError as e:
             return _error(400, str(e))
         self.router.policy = policy
         self.policy_name = name
+        self._policy_params = dict(params)
         logger.info("policy switched to %s %s", name, params)
         return web.json_response({"policy": name, "params": params})

@@ -14,10 +14,15 @@ _DECISION_BUCKETS_S = (1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 5e-3)
 
 
 class _LiveCollector(Collector):
-    """Engine health and signal age, read at scrape time."""
+    """Engine health, signal age and the router's current prices, read at scrape time."""
 
-    def __init__(self, read: Callable[[], list[tuple[str, bool, float | None]]]) -> None:
+    def __init__(
+        self,
+        read: Callable[[], list[tuple[str, bool, float | None]]],
+        prices: Callable[[], tuple[float, float]],
+    ) -> None:
         self._read = read
+        self._prices = prices
 
     def collect(self) -> Iterator[Metric]:
         healthy = GaugeMetricFamily(
@@ -32,10 +37,21 @@ class _LiveCollector(Collector):
                 age.add_metric([engine], age_s)
         yield healthy
         yield age
+        tau_pre, tau_dec = self._prices()
+        yield GaugeMetricFamily(
+            "calroute_tau_pre_seconds", "The router's prefill price per prompt token.", tau_pre
+        )
+        yield GaugeMetricFamily(
+            "calroute_tau_dec_seconds", "The router's decode price per output token.", tau_dec
+        )
 
 
 class ProxyMetrics:
-    def __init__(self, live: Callable[[], list[tuple[str, bool, float | None]]]) -> None:
+    def __init__(
+        self,
+        live: Callable[[], list[tuple[str, bool, float | None]]],
+        prices: Callable[[], tuple[float, float]],
+    ) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "calroute_requests",
@@ -70,7 +86,7 @@ class ProxyMetrics:
             buckets=_DECISION_BUCKETS_S,
             registry=self.registry,
         )
-        self.registry.register(_LiveCollector(live))
+        self.registry.register(_LiveCollector(live, prices))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,8 +1,9 @@
 """Live signals per engine: /metrics polled every 50 ms (KV usage, running, waiting) and /health probes.
 
-An engine that fails a health probe, or a request, is taken out of routing; a probe that succeeds brings it
-back. Metrics that cannot be read leave the last sample in place (its age shows in the proxy's metrics) and
-do not, by themselves, take an engine out: generation may well be working.
+An engine that fails a request, or three health probes in a row (one slow answer from an overloaded
+engine is not a failure), is taken out of routing; a probe that succeeds brings it back. Metrics that
+cannot be read leave the last sample in place (its age shows in the proxy's metrics) and do not, by
+themselves, take an engine out: generation may well be working.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from calroute.cluster import ClusterEngine
 from calroute.ledger import Ledger
 
 logger = logging.getLogger(__name__)
+
+PROBE_FAILURES_TO_MARK = 3
 
 _NAMES = {
     b"vllm:kv_cache_usage_perc": 0,
@@ -78,6 +81,7 @@ class Signals:
         self.healthy = {e.id: True for e in engines}
         self.last_sample_s: dict[str, float | None] = {e.id: None for e in engines}
         self.metrics_failures = {e.id: 0 for e in engines}
+        self._probe_failures = {e.id: 0 for e in engines}
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
 
@@ -130,14 +134,17 @@ class Signals:
 
     async def _health_loop(self) -> None:
         assert self._session is not None
-        timeout = aiohttp.ClientTimeout(total=max(0.5, self.health_interval_s))
+        timeout = aiohttp.ClientTimeout(total=max(2.0, self.health_interval_s))
         while True:
             results = await asyncio.gather(*(self._probe(e, timeout) for e in self.engines))
             for e, ok in zip(self.engines, results, strict=True):
                 if ok:
+                    self._probe_failures[e.id] = 0
                     self._mark_ok(e.id)
                 else:
-                    self.mark_failed(e.id, "health probe failed")
+                    self._probe_failures[e.id] += 1
+                    if self._probe_failures[e.id] >= PROBE_FAILURES_TO_MARK:
+                        self.mark_failed(e.id, f"{PROBE_FAILURES_TO_MARK} health probes failed")
             await asyncio.sleep(self.health_interval_s)
 
     async def _probe(self, engine: ClusterEngine, timeout: aiohttp.ClientTimeout) -> bool:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from calroute.calibrate.online import OnlineCalibrator
 from calroute.costmodel.calibration import Calibration
 from calroute.costmodel.predictors import make_predictor
 from calroute.costmodel.profiles import HardwareProfile
@@ -34,6 +35,7 @@ class SimSetup:
     predictor_noise: float = 0.0
     policy_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     sample_interval_s: float = 0.05
+    online_calibration: bool = False  # refit the router's constants from completed requests as they come
 
 
 @dataclass(frozen=True)
@@ -53,8 +55,10 @@ def simulate_run(
     seed: int,
     rate_rps: float | None = None,
     records_path: Path | None = None,
+    label: str | None = None,
 ) -> RunResult:
-    """One simulated run. With ``records_path``, every record is streamed to that JSONL file."""
+    """One simulated run. With ``records_path``, every record is streamed to that JSONL file; ``label``
+    names the run in its records (default: the policy)."""
     params = dict(setup.policy_params.get(policy, {}))
     if policy in ("random", "power_of_two") and "seed" not in params:
         params["seed"] = derive_seed(seed, "policy")
@@ -63,9 +67,11 @@ def simulate_run(
         setup.predictor, noise=setup.predictor_noise, seed=derive_seed(seed, "predictor")
     )
     ledger = Ledger(setup.shape.instances(setup.profile.limits.kv_capacity_tokens), setup.router_calibration)
-    sim = ClusterSim(
-        setup.profile, setup.shape, Router(pol, predictor, ledger), policy, setup.sample_interval_s
-    )
+    online = None
+    if setup.online_calibration:
+        online = (OnlineCalibrator(setup.router_calibration), lambda cal: make_policy(policy, params, cal))
+    router = Router(pol, predictor, ledger, online=online)
+    sim = ClusterSim(setup.profile, setup.shape, router, label or policy, setup.sample_interval_s)
     acc = SummaryAccumulator(setup.profile.calibration.slo)
     with ExitStack() as stack:
         sink: Callable[[RequestRecord], None] = acc.add

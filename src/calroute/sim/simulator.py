@@ -200,7 +200,7 @@ class ClusterSim:
 
     def _prefill_done(self, req: SimRequest) -> None:
         self._notify_first_tokens(self.kernel.now_s)
-        self._router.prefill_done(req.request_id, self.kernel.now_s)
+        self._router.prefill_done(req.request_id, self.kernel.now_s, req.prompt_tokens)
         self.decode[req.decode_id].enqueue(req)
 
     def _pulled(self, req: SimRequest) -> None:
@@ -223,7 +223,7 @@ class ClusterSim:
         now = self.kernel.now_s
         self._notify_first_tokens(now)
         self._in_flight -= 1
-        self._router.done(req.request_id, req.prompt_tokens, req.output_tokens, now, ok=True)
+        self._router.done(req.request_id, req.prompt_tokens, req.output_tokens, now, True, req.first_token_s)
         self._sink(
             RequestRecord(
                 req.request_id,

@@ -1,0 +1,71 @@
+"""`calroute experiment NAME` and `calroute report DIR`."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from calroute.errors import CalrouteError
+
+err = Console(stderr=True)
+
+
+class BackendKind(StrEnum):
+    sim = "sim"
+    emulated = "emulated"
+    vllm = "vllm"
+
+
+def experiment(
+    name: Annotated[str, typer.Argument(help="an experiment name, or all")],
+    backend: Annotated[BackendKind, typer.Option(help="where to run it")] = BackendKind.sim,
+    quick: Annotated[bool, typer.Option(help="small and fast: one seed, fewer points and requests")] = False,
+    out: Annotated[Path, typer.Option(help="results directory (resumable: finished cells are kept)")] = Path(
+        "out/experiments"
+    ),
+) -> None:
+    """Run one of the paper's experiments (or all) and write its results and report section."""
+    from calroute.costmodel.profiles import get_profile
+    from calroute.experiments import EXPERIMENTS, get_experiment
+    from calroute.experiments.backends import Backend, SimBackend
+    from calroute.experiments.runner import run_experiment
+    from calroute.report.markdown import write_report
+
+    try:
+        names = list(EXPERIMENTS) if name == "all" else [get_experiment(name).name]
+        if backend is not BackendKind.sim:
+            from calroute.experiments.live import live_backend
+
+            be: Backend = live_backend(backend.value, out / backend.value / "_clusters", err.print)
+        else:
+            be = SimBackend(get_profile("a40-qwen2.5-3b"))
+        try:
+            for n in names:
+                run_experiment(get_experiment(n), be, quick, out / backend.value, progress=err.print)
+        finally:
+            close = getattr(be, "close", None)
+            if close is not None:
+                close()
+        report = write_report(out / backend.value)
+    except CalrouteError as e:
+        err.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from e
+    err.print(f"report: {report}")
+
+
+def report(
+    directory: Annotated[Path, typer.Argument(help="a results directory (calroute experiment --out)")],
+) -> None:
+    """Assemble every experiment's results under DIR into one Markdown report with plots."""
+    from calroute.report.markdown import write_report
+
+    try:
+        path = write_report(directory)
+    except CalrouteError as e:
+        err.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from e
+    err.print(f"wrote {path}")

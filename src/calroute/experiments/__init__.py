@@ -1,0 +1,34 @@
+"""The paper's experiments, one module each, in one registry."""
+
+from __future__ import annotations
+
+from calroute.errors import ConfigError
+from calroute.experiments.ablation import Ablation
+from calroute.experiments.base import Experiment
+from calroute.experiments.calibration import CalibrationValue
+from calroute.experiments.frontier import Frontier
+from calroute.experiments.heterogeneity import Heterogeneity
+from calroute.experiments.mixed_bursty import MixedBursty
+from calroute.experiments.noise import Noise
+from calroute.experiments.scarcity import Scarcity
+from calroute.experiments.width import Width
+
+EXPERIMENTS: dict[str, Experiment] = {
+    e.name: e
+    for e in (
+        MixedBursty(),
+        CalibrationValue(),
+        Heterogeneity(),
+        Width(),
+        Scarcity(),
+        Frontier(),
+        Ablation(),
+        Noise(),
+    )
+}
+
+
+def get_experiment(name: str) -> Experiment:
+    if name not in EXPERIMENTS:
+        raise ConfigError(f"unknown experiment {name!r}; known: {', '.join(EXPERIMENTS)}, all")
+    return EXPERIMENTS[name]

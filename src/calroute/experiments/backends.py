@@ -1,0 +1,89 @@
+"""Where an experiment's cells run. A backend saturates a setup and runs a cell's variants over seeds;
+the simulator is one, the live emulated and real-vLLM clusters (through the harness) are the others."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from calroute.costmodel.calibration import Calibration, mismatched
+from calroute.costmodel.profiles import HardwareProfile
+from calroute.errors import ConfigError
+from calroute.experiments.cells import Cell, Run, Variant
+from calroute.sim.compare import SimSetup, saturate, simulate_run
+from calroute.sim.simulator import ClusterShape
+from calroute.workload.source import FamilyWorkload
+
+
+class Backend(Protocol):
+    name: str
+
+    def saturation_rate(self, prefill: int, decode: int, workload: str, requests: int) -> float:
+        """The rate at which round-robin's goodput crosses 0.85 on this setup."""
+        ...
+
+    def run_cell(
+        self,
+        cell: Cell,
+        rate_rps: float,
+        seeds: Sequence[int],
+        requests: int,
+        records_dir: Path,
+        on_run: Callable[[Run], None],
+    ) -> list[Run]:
+        """Every variant on every seed (a seed's requests are the same for every variant); records of a run go
+        to ``records_dir / f"{label}-seed{seed}.jsonl"``."""
+        ...
+
+
+def router_calibration(variant: Variant, hardware: Calibration) -> Calibration:
+    if variant.router == "calibrated":
+        return hardware
+    if variant.router in ("mismatched", "online"):
+        return mismatched(hardware)
+    raise ConfigError(f"unknown router constants {variant.router!r}: calibrated, mismatched or online")
+
+
+class SimBackend:
+    name = "sim"
+
+    def __init__(self, profile: HardwareProfile) -> None:
+        self.profile = profile
+
+    def _setup(self, prefill: int, decode: int, variant: Variant) -> SimSetup:
+        return SimSetup(
+            profile=self.profile,
+            shape=ClusterShape(prefill, decode),
+            router_calibration=router_calibration(variant, self.profile.calibration),
+            predictor=variant.predictor,
+            predictor_noise=variant.predictor_noise,
+            policy_params={variant.policy: variant.params},
+            online_calibration=variant.router == "online",
+        )
+
+    def saturation_rate(self, prefill: int, decode: int, workload: str, requests: int) -> float:
+        setup = self._setup(prefill, decode, Variant("round_robin", "round_robin"))
+        return saturate(setup, FamilyWorkload(workload, requests)).rate_rps
+
+    def run_cell(
+        self,
+        cell: Cell,
+        rate_rps: float,
+        seeds: Sequence[int],
+        requests: int,
+        records_dir: Path,
+        on_run: Callable[[Run], None],
+    ) -> list[Run]:
+        source = FamilyWorkload(cell.workload, requests)
+        runs = []
+        for seed in seeds:
+            reqs = source.requests(rate_rps, seed)
+            for v in cell.variants:
+                path = records_dir / f"{v.label}-seed{seed}.jsonl"
+                setup = self._setup(cell.prefill, cell.decode, v)
+                result = simulate_run(setup, v.policy, reqs, seed, rate_rps, records_path=path, label=v.label)
+                run = Run(v.label, seed, result.summary)
+                runs.append(run)
+                on_run(run)
+        return runs

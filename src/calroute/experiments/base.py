@@ -1,0 +1,120 @@
+"""The experiment contract and the Markdown/plot helpers every experiment's report shares."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+from calroute.experiments.cells import Cell, CellResult
+from calroute.records import read_records
+from calroute.report import plots
+from calroute.types import RequestStatus
+
+
+class Experiment(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def title(self) -> str: ...
+
+    def cells(self, quick: bool) -> list[Cell]: ...
+
+    def report(self, results: list[CellResult], exp_dir: Path) -> str:
+        """Markdown for the report (plots are written into ``exp_dir``)."""
+        ...
+
+
+def fmt(x: float | None, digits: int = 3) -> str:
+    return "-" if x is None or x != x else f"{x:.{digits}f}"
+
+
+def mean(xs: Sequence[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None]
+    return statistics.fmean(vals) if vals else None
+
+
+def goodput_table(
+    results: Sequence[CellResult], row_name: str, paper: dict[tuple[str, str], float] | None = None
+) -> str:
+    """One row per cell and variant: goodput per seed, mean, spread, P99 TTFT and TPOT (means over seeds),
+    and the paper's figure when it has one, keyed by (cell key, variant label)."""
+    seeds = sorted({r.seed for c in results for r in c.runs})
+    head = [
+        row_name,
+        "variant",
+        *[f"seed {s}" for s in seeds],
+        "mean goodput",
+        "spread",
+        "P99 TTFT (s)",
+        "P99 TPOT (s)",
+        "req/s",
+    ]
+    if paper:
+        head.append("paper")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c in results:
+        best = max(c.mean_goodput(label) for label in c.labels())
+        for label in c.labels():
+            runs = sorted((r for r in c.runs if r.label == label), key=lambda r: r.seed)
+            g = [r.summary.goodput for r in runs]
+            m = statistics.fmean(g)
+            cells = [
+                c.cell_key,
+                label,
+                *[fmt(x) for x in g],
+                f"**{fmt(m)}**" if m == best else fmt(m),
+                fmt(max(g) - min(g)),
+                fmt(mean([r.summary.ttft_p99_s for r in runs])),
+                fmt(mean([r.summary.tpot_p99_s for r in runs]), 4),
+                fmt(c.rate_rps, 2),
+            ]
+            if paper:
+                cells.append(fmt(paper.get((c.cell_key, label))))
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def bars_by_cell(results: Sequence[CellResult], exp_dir: Path, name: str, title: str) -> str:
+    groups = [c.cell_key for c in results]
+    labels = list(dict.fromkeys(label for c in results for label in c.labels()))
+    series = {label: [c.mean_goodput(label) for c in results] for label in labels}
+    errors = {
+        label: [(max(g) - min(g)) / 2 if (g := c.goodputs(label)) else 0.0 for c in results]
+        for label in labels
+    }
+    return plots.grouped_bars(
+        exp_dir / f"{name}.png", groups, series, errors, "goodput (mean over seeds)", title
+    )
+
+
+def latency_cdfs(cell: CellResult, exp_dir: Path, ttft_target_s: float, tpot_target_s: float) -> list[str]:
+    """CDFs of TTFT and TPOT per variant, from the cell's per-request records (seed 0)."""
+    ttft: dict[str, list[float]] = {}
+    tpot: dict[str, list[float]] = {}
+    for label in cell.labels():
+        path = exp_dir / "records" / cell.cell_key / f"{label}-seed0.jsonl"
+        if not path.exists():
+            continue
+        recs = [r for r in read_records(path) if r.status is RequestStatus.OK]
+        ttft[label] = [r.ttft_s for r in recs if r.ttft_s is not None and r.ttft_s > 0]
+        tpot[label] = [r.tpot_s for r in recs if r.tpot_s is not None and r.tpot_s > 0]
+    base = f"{cell.cell_key}"
+    return [
+        plots.cdfs(
+            exp_dir / f"{base}-ttft-cdf.png",
+            ttft,
+            "TTFT (s)",
+            f"TTFT, {cell.cell_key} (tight target dashed)",
+            ttft_target_s,
+        ),
+        plots.cdfs(
+            exp_dir / f"{base}-tpot-cdf.png",
+            tpot,
+            "TPOT (s)",
+            f"TPOT, {cell.cell_key} (tight target dashed)",
+            tpot_target_s,
+        ),
+    ]

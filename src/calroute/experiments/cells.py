@@ -1,0 +1,84 @@
+"""What an experiment runs: cells (one cluster, one workload, several policy variants, at one rate) and
+their results, serializable so a killed experiment resumes where it stopped."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from calroute.metrics import RunSummary
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A policy under a label: the same policy with other parameters or other constants is another variant."""
+
+    label: str
+    policy: str
+    params: dict[str, Any] = field(default_factory=dict)
+    router: str = "calibrated"  # calibrated | mismatched (the paper's simulator constants) | online
+    predictor: str = "bucket"
+    predictor_noise: float = 0.0
+
+
+def baselines_and_product() -> tuple[Variant, ...]:
+    """The paper's four: round-robin, least-loaded (JSQ), the length heuristic, and marginal_cost."""
+    return tuple(Variant(p, p) for p in ("round_robin", "least_loaded", "length_heuristic", "marginal_cost"))
+
+
+@dataclass(frozen=True)
+class Cell:
+    key: str  # unique in its experiment; used in file names
+    prefill: int
+    decode: int
+    workload: str  # a family name (chat, document, reasoning, mixed-bursty)
+    variants: tuple[Variant, ...]
+    rate_rps: float | None = None  # fixed rate; None: saturate
+    saturate_like: tuple[int, int] | None = (
+        None  # saturate on this (prefill, decode) shape instead of our own
+    )
+    rate_factor: float = 1.0  # multiply the saturation rate (e.g. 0.7 for a steady, unsaturated load)
+    tags: dict[str, Any] = field(default_factory=dict)  # what the report groups by (e.g. {"decode": 3})
+
+    @property
+    def saturation_shape(self) -> tuple[int, int]:
+        return self.saturate_like or (self.prefill, self.decode)
+
+
+@dataclass(frozen=True)
+class Run:
+    label: str
+    seed: int
+    summary: RunSummary
+
+
+@dataclass(frozen=True)
+class CellResult:
+    cell_key: str
+    backend: str
+    rate_rps: float
+    runs: tuple[Run, ...]
+    tags: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CellResult:
+        return cls(
+            cell_key=d["cell_key"],
+            backend=d["backend"],
+            rate_rps=d["rate_rps"],
+            runs=tuple(Run(r["label"], r["seed"], RunSummary(**r["summary"])) for r in d["runs"]),
+            tags=d.get("tags", {}),
+        )
+
+    def goodputs(self, label: str) -> list[float]:
+        return [r.summary.goodput for r in sorted(self.runs, key=lambda r: r.seed) if r.label == label]
+
+    def mean_goodput(self, label: str) -> float:
+        g = self.goodputs(label)
+        return sum(g) / len(g) if g else float("nan")
+
+    def labels(self) -> list[str]:
+        return list(dict.fromkeys(r.label for r in self.runs))

@@ -1,0 +1,140 @@
+"""Live backends: experiments on an emulated or real-vLLM cluster, through the proxy and the load generator.
+
+A backend brings up one cluster per shape the experiment needs (stopping the previous one: two cores do
+not run two clusters well), runs the correctness gates and calibrates it once, then runs each cell's
+variants with `harness.live.run_variant`. `calroute run` uses the same machinery on a cluster that is
+already up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from calroute.cluster import ClusterFile
+from calroute.costmodel.calibration import Calibration
+from calroute.engines import launch
+from calroute.experiments.cells import Cell, Run, Variant
+from calroute.harness.gates import require_gates
+from calroute.harness.live import LiveSetup, run_variant
+from calroute.saturation import find_saturation
+from calroute.workload.source import FamilyWorkload
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _calibrate(cluster: ClusterFile, path: Path, progress: Callable[[str], None]) -> Calibration:
+    from calroute.calibrate.run import calibrate_cluster
+
+    if path.exists():
+        return Calibration.load(path)
+    cal, _ = calibrate_cluster(cluster, 60.0, progress)
+    cal.save(path)
+    return cal
+
+
+@dataclass
+class LiveBackend:
+    name: str  # emulated | vllm
+    work_dir: Path
+    progress: Callable[[str], None] = lambda msg: None
+    fixed: LiveSetup | None = None  # `calroute run`: a cluster that is already up
+    _shape: tuple[int, int] | None = None
+    _launched: launch.LaunchedCluster | None = None
+    _setup: LiveSetup | None = None
+    _run_ids: dict[str, int] = field(default_factory=dict)
+
+    def setup_for(self, prefill: int, decode: int) -> LiveSetup:
+        if self.fixed is not None:
+            return self.fixed
+        if self._shape == (prefill, decode) and self._setup is not None:
+            return self._setup
+        self.close()
+        shape_dir = self.work_dir / f"{prefill}P{decode}D"
+        self.progress(f"{self.name}: bringing up {prefill}P+{decode}D")
+        if self.name == "emulated":
+            self._launched = launch.up_emulated(prefill, decode, shape_dir / "logs")
+        else:
+            self._launched = launch.up_vllm(prefill, decode, shape_dir / "logs", repo_root=REPO)
+        cluster = self._launched.file
+        cluster_path = shape_dir / "cluster.yaml"
+        cluster.save(cluster_path)
+        require_gates(cluster)
+        cal = _calibrate(cluster, shape_dir / "calibration.json", self.progress)
+        self._shape = (prefill, decode)
+        self._setup = LiveSetup(cluster, cluster_path, cal)
+        return self._setup
+
+    def close(self) -> None:
+        if self._launched is not None:
+            self._launched.stop()
+        self._launched = self._setup = None
+        self._shape = None
+
+    def _run(
+        self,
+        setup: LiveSetup,
+        variant: Variant,
+        workload: str,
+        requests: int,
+        rate: float,
+        seed: int,
+        run_dir: Path,
+    ) -> Run:
+        reqs = FamilyWorkload(workload, requests).requests(rate, seed)
+        live = run_variant(setup, variant, reqs, run_dir)
+        if not live.valid:
+            self.progress(
+                f"  warning: {run_dir.name}: the load generator fell behind its schedule "
+                f"(p99 lateness {1e3 * live.lateness_p99_s:.1f} ms); the run is marked invalid"
+            )
+        return Run(variant.label, seed, live.summary)
+
+    def saturation_rate(self, prefill: int, decode: int, workload: str, requests: int) -> float:
+        setup = self.setup_for(prefill, decode)
+        probes_dir = self.work_dir / f"{prefill}P{decode}D" / f"saturation-{workload}"
+
+        def measure(rate: float) -> float:
+            run = self._run(
+                setup,
+                Variant("round_robin", "round_robin"),
+                workload,
+                requests,
+                rate,
+                0,
+                probes_dir / f"rate-{rate:.4f}",
+            )
+            self.progress(f"  probe {rate:.2f} req/s: round_robin goodput {run.summary.goodput:.3f}")
+            return run.summary.goodput
+
+        return find_saturation(measure, start_rps=4.0).rate_rps
+
+    def run_cell(
+        self,
+        cell: Cell,
+        rate_rps: float,
+        seeds: Sequence[int],
+        requests: int,
+        records_dir: Path,
+        on_run: Callable[[Run], None],
+    ) -> list[Run]:
+        setup = self.setup_for(cell.prefill, cell.decode)
+        runs = []
+        for seed in seeds:
+            for v in cell.variants:
+                run_dir = records_dir.parent.parent / "runs" / cell.key / f"{v.label}-seed{seed}"
+                run = self._run(setup, v, cell.workload, requests, rate_rps, seed, run_dir)
+                records_dir.mkdir(parents=True, exist_ok=True)
+                (records_dir / f"{v.label}-seed{seed}.jsonl").write_bytes(
+                    (run_dir / "records.jsonl").read_bytes()
+                )
+                runs.append(run)
+                on_run(run)
+        return runs
+
+
+def live_backend(
+    kind: str, work_dir: Path, progress: Callable[[str], None] = lambda msg: None
+) -> LiveBackend:
+    return LiveBackend(kind, work_dir, progress)

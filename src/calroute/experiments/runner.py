@@ -1,0 +1,107 @@
+"""Run an experiment's cells on a backend: saturation first, then every variant and seed; each finished
+cell is saved at once, so a killed experiment resumes where it stopped. A manifest records what ran."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import subprocess
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from calroute.experiments.backends import Backend
+from calroute.experiments.base import Experiment
+from calroute.experiments.cells import CellResult, Run
+
+
+@dataclass(frozen=True)
+class Scale:
+    requests: int
+    seeds: tuple[int, ...]
+
+
+def scale_for(backend: str, quick: bool) -> Scale:
+    if backend == "sim":
+        return Scale(300, (0,)) if quick else Scale(4000, (0, 1, 2))
+    return Scale(120, (0,)) if quick else Scale(800, (0, 1, 2))
+
+
+def git_commit(repo: Path) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)  # atomic: a kill never leaves half a result
+
+
+def run_experiment(
+    exp: Experiment,
+    backend: Backend,
+    quick: bool,
+    out_dir: Path,
+    progress: Callable[[str], None] = lambda msg: None,
+    extra_manifest: dict[str, Any] | None = None,
+    scale: Scale | None = None,
+) -> list[CellResult]:
+    exp_dir = out_dir / exp.name
+    scale = scale or scale_for(backend.name, quick)
+    cells = exp.cells(quick)
+    manifest = {
+        "experiment": exp.name,
+        "title": exp.title,
+        "backend": backend.name,
+        "quick": quick,
+        "scale": asdict(scale),
+        "git_commit": git_commit(Path(__file__).resolve().parents[3]),
+        "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "cells": [asdict(c) for c in cells],
+        **(extra_manifest or {}),
+    }
+    _write_json(exp_dir / "manifest.json", manifest)
+    sat_path = exp_dir / "saturation.json"
+    saturation: dict[str, float] = json.loads(sat_path.read_text()) if sat_path.exists() else {}
+    results = []
+    for cell in cells:
+        path = exp_dir / "cells" / f"{cell.key}.json"
+        if path.exists():
+            results.append(CellResult.from_dict(json.loads(path.read_text())))
+            progress(f"{exp.name}/{cell.key}: done earlier, skipped")
+            continue
+        rate = cell.rate_rps
+        if rate is None:
+            p, d = cell.saturation_shape
+            key = f"{p}P{d}D:{cell.workload}"
+            if key not in saturation:
+                progress(f"{exp.name}: saturation search on {key}")
+                saturation[key] = backend.saturation_rate(p, d, cell.workload, scale.requests)
+                _write_json(sat_path, saturation)
+            rate = saturation[key] * cell.rate_factor
+        progress(
+            f"{exp.name}/{cell.key}: {len(cell.variants)} variants x {len(scale.seeds)} seeds "
+            f"at {rate:.2f} req/s"
+        )
+
+        def on_run(run: Run, key: str = cell.key) -> None:
+            progress(f"  {key} {run.label} seed {run.seed}: goodput {run.summary.goodput:.3f}")
+
+        runs = backend.run_cell(
+            cell, rate, scale.seeds, scale.requests, exp_dir / "records" / cell.key, on_run
+        )
+        result = CellResult(cell.key, backend.name, rate, tuple(runs), dict(cell.tags))
+        _write_json(path, result.to_dict())
+        results.append(result)
+    _write_json(exp_dir / "results.json", [r.to_dict() for r in results])
+    section = exp.report(results, exp_dir)
+    (exp_dir / "report.md").write_text(section)
+    return results

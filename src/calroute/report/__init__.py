@@ -1,0 +1,1 @@
+"""Reports: Markdown tables and PNG plots of experiment results."""

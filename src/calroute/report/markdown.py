@@ -1,0 +1,41 @@
+"""`calroute report DIR`: every experiment's section, regenerated from its saved results, in one file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from calroute.errors import ConfigError
+from calroute.experiments.cells import CellResult
+
+
+def write_report(directory: Path) -> Path:
+    from calroute.experiments import EXPERIMENTS
+
+    if not directory.is_dir():
+        raise ConfigError(f"no results directory {directory}")
+    sections = []
+    for name, exp in EXPERIMENTS.items():
+        exp_dir = directory / name
+        results_path = exp_dir / "results.json"
+        if not results_path.exists():
+            continue
+        results = [CellResult.from_dict(d) for d in json.loads(results_path.read_text())]
+        manifest = json.loads((exp_dir / "manifest.json").read_text())
+        backend = manifest["backend"]
+        command = f"calroute experiment {name} --backend {backend}{' --quick' if manifest['quick'] else ''}"
+        sections.append(
+            exp.report(results, exp_dir)
+            + f"\nCommand: `{command} --out {directory.parent}`; commit {manifest.get('git_commit') or '-'}; "
+            f"{manifest['scale']['requests']} requests per run, seeds {manifest['scale']['seeds']}.\n"
+        )
+    if not sections:
+        raise ConfigError(f"no experiment results under {directory}")
+    path = directory / "report.md"
+    path.write_text(
+        f"# calroute experiments ({directory.name})\n\nThe paper's experiments (shared/reference/"
+        "paper-notes.md section 4) with the paper's figures beside ours where it gives them. Goodput: the "
+        "fraction of requests meeting both SLO targets of their class; the best mean per cell is in bold.\n\n"
+        + "\n".join(sections)
+    )
+    return path

@@ -1,0 +1,261 @@
+"""`calroute calibrate` against live clusters: emulated 2P+4D at time scale 1 and 2, real vLLM 1P+1D.
+
+The emulated engines run the a40-qwen2.5-3b profile, so the calibration must recover it. Every HTTP request
+to them also costs a few milliseconds that the profile does not model (client and server JSON, the event
+loop's wake-ups, a shared 2-core machine), and the calibration keeps that cost on purpose: the router pays
+it too. tau_pre (one request) and the tight TTFT target (two requests: the prefill and the decode handoff)
+are therefore compared with the profile plus that overhead, measured independently on the same cluster
+right after the calibration; the bare-profile errors are printed for the record.
+
+The emulator keeps time with the CPU it gets: on a shared machine, a burst of someone else's work during the
+calibration makes the emulated hardware itself slower (steps stretch by the scheduling delay), and the
+calibration rightly measures that. So each emulated test gets a second attempt when the first misses; both
+attempts' figures are printed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import secrets
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from calroute.calibrate.measure import EMULATED_TOKEN_IDS, EngineClient
+from calroute.calibrate.run import calibrate_cluster
+from calroute.cli_calibrate import calibrate
+from calroute.cluster import ClusterFile
+from calroute.costmodel.calibration import (
+    REF_PROMPT_TOKENS,
+    TIGHT_SLO_FACTOR,
+    Calibration,
+)
+from calroute.costmodel.profiles import get_profile
+from calroute.engines import launch, vllm
+
+REPO = Path(__file__).resolve().parents[2]
+PROFILE = get_profile("a40-qwen2.5-3b").calibration
+TOLERANCE = 0.10
+# per_seq_s and per_ctx_token_s are a few percent of a step each: they are checked when the fit pins them
+# down (relative standard error below this), as the acceptance criterion asks for the identifiable ones.
+IDENTIFIABLE_REL_STDERR = 0.05
+MAX_REQUEST_OVERHEAD_S = 0.015  # a sanity bound, so the overhead correction cannot hide a gross error
+OVERHEAD_PROMPT_TOKENS = 32
+ATTEMPTS = 2
+
+
+@pytest.fixture
+def vllm_cluster(tmp_path: Path) -> Iterator[ClusterFile]:
+    venv, model = vllm.default_vllm_paths(REPO)
+    if not vllm.vllm_available(venv, model):
+        pytest.fail("real vLLM is not installed: run `make vllm` (make test does it)")
+    launched = launch.up_vllm(1, 1, tmp_path / "vllm", repo_root=REPO)
+    try:
+        yield launched.file
+    finally:
+        launched.stop()
+
+
+async def _request_overheads(cluster: ClusterFile, n: int = 12) -> tuple[float, float]:
+    """Median (prefill latency - profile prefill, handoff TTFT - profile transfer and step) of short P/D
+    requests: the per-request cost that the calibration measures and the profile does not model."""
+    scale = cluster.time_scale
+    p = OVERHEAD_PROMPT_TOKENS
+    pre: list[float] = []
+    dec: list[float] = []
+    async with aiohttp.ClientSession() as session:
+        client = EngineClient(session, cluster.model, EMULATED_TOKEN_IDS, seed=secrets.randbits(63))
+        for i in range(n):
+            prefill, decode = (
+                cluster.prefill[i % len(cluster.prefill)],
+                cluster.decode[i % len(cluster.decode)],
+            )
+            prompt = client.prompt(p)
+            latency_s, kv = await client.prefill(prefill.url, prompt, 10.0)
+            trace = await client.stream(decode.url, prompt, 2, 10.0, kv)
+            pre.append(latency_s - scale * PROFILE.prefill.single_s(p))
+            dec.append(
+                trace.first_token_s - scale * (PROFILE.transfer_s(p) + PROFILE.decode.step_s(1, p - 1))
+            )
+    return statistics.median(pre), statistics.median(dec)
+
+
+def _check_against_profile(report: dict[str, Any], cluster: ClusterFile) -> dict[str, float]:
+    """Assert the constants are within TOLERANCE of the (time-scaled) profile; return the errors."""
+    scale = cluster.time_scale
+    pre_oh, dec_oh = asyncio.run(_request_overheads(cluster))
+    assert 0 < pre_oh < MAX_REQUEST_OVERHEAD_S and 0 < dec_oh < MAX_REQUEST_OVERHEAD_S, (pre_oh, dec_oh)
+    ref_prefill_s = scale * PROFILE.prefill.single_s(REF_PROMPT_TOKENS)
+    ref_unloaded_s = ref_prefill_s + scale * (
+        PROFILE.transfer_s(REF_PROMPT_TOKENS) + PROFILE.decode.step_s(1, REF_PROMPT_TOKENS)
+    )
+    expected = {
+        "prefill.per_token_s": scale * PROFILE.prefill.per_token_s,
+        "decode.base_s": scale * PROFILE.decode.base_s,
+        "decode.per_seq_s": scale * PROFILE.decode.per_seq_s,
+        "decode.per_ctx_token_s": scale * PROFILE.decode.per_ctx_token_s,
+        "tau_dec_s": scale * PROFILE.tau_dec_s,
+        "slo.tight_tpot_s": scale * PROFILE.slo.tight_tpot_s,
+        "tau_pre_s": (ref_prefill_s + pre_oh) / REF_PROMPT_TOKENS,
+        "slo.tight_ttft_s": TIGHT_SLO_FACTOR * (ref_unloaded_s + pre_oh + dec_oh),
+    }
+    constants = report["constants"]
+    errors = {k: constants[k] / v - 1 for k, v in expected.items()}
+    bare = {
+        "tau_pre_s": constants["tau_pre_s"] / (scale * PROFILE.tau_pre_s) - 1,
+        "slo.tight_ttft_s": constants["slo.tight_ttft_s"] / (scale * PROFILE.slo.tight_ttft_s) - 1,
+    }
+    stderr = report["fits"]["decode"]["rel_stderr"]
+    checked = {
+        k: e
+        for k, e in errors.items()
+        if not k.startswith(("decode.per_seq", "decode.per_ctx"))
+        or (stderr[k.removeprefix("decode.")] or math.inf) < IDENTIFIABLE_REL_STDERR
+    }
+    print(
+        f"\ntime scale {scale:g}: wall {report['wall_s']:.1f} s; request overheads prefill "
+        f"{1e3 * pre_oh:.2f} ms, handoff {1e3 * dec_oh:.2f} ms"
+    )
+    for k, e in errors.items():
+        extra = f" (bare profile {100 * bare[k]:+.1f} %)" if k in bare else ""
+        mark = "" if k in checked else f" (not identifiable: rel stderr {stderr[k.removeprefix('decode.')]})"
+        print(f"  {k:24s} {constants[k]:.4g}  error {100 * e:+.1f} %{extra}{mark}")
+    assert {"decode.per_seq_s", "decode.per_ctx_token_s"} & checked.keys(), "neither was identifiable"
+    bad = {k: round(e, 4) for k, e in checked.items() if abs(e) > TOLERANCE}
+    assert not bad, f"constants off the profile by more than {TOLERANCE:.0%}: {bad}"
+    return errors
+
+
+def _attempts(run: Callable[[], dict[str, Any]], cluster: ClusterFile) -> dict[str, Any]:
+    """Run a calibration and check it, up to ATTEMPTS times; the report of the first that passes."""
+    failures: list[str] = []
+    for attempt in range(1, ATTEMPTS + 1):
+        report = run()
+        try:
+            _check_against_profile(report, cluster)
+            return report
+        except AssertionError as e:
+            failures.append(f"attempt {attempt}: {e}")
+            print(f"attempt {attempt} missed: {e}")
+    pytest.fail("\n".join(failures))
+
+
+@pytest.mark.slow
+def test_emulated_cluster_recovers_the_profile(tmp_path: Path) -> None:
+    launched = launch.up_emulated(2, 4, tmp_path / "engines")
+    results: list[Calibration] = []
+
+    def run() -> dict[str, Any]:
+        lines: list[str] = []
+        started = time.perf_counter()
+        cal, report = calibrate_cluster(launched.file, 60.0, lines.append)
+        wall_s = time.perf_counter() - started
+        # The issue's acceptance criterion: the default budget, on this cluster, in under a minute.
+        assert wall_s < 60.0, f"calibration took {wall_s:.1f} s"
+        assert any(line.startswith("prefill: round") for line in lines)
+        assert any(line.startswith("decode: decode-") for line in lines)
+        results.append(cal)
+        return report
+
+    try:
+        _attempts(run, launched.file)
+    finally:
+        launched.stop()
+    cal = results[-1]
+    p = cal.provenance
+    assert p["source"].startswith("calibrate:emulated:http://127.0.0.1:")
+    assert p["cluster"] == {
+        "kind": "emulated",
+        "model": "emulated",
+        "time_scale": 1.0,
+        "profile": "a40-qwen2.5-3b",
+        "prefill_engines": 2,
+        "decode_engines": 4,
+    }
+    assert set(p["samples"]) == {"prefill", "decode", "transfer"}
+    assert set(p["fit"]) == {"prefill", "decode", "transfer"}
+    assert p["fit"]["prefill"]["r2_held_out"] > 0.99
+    assert cal.kv_bytes_per_token == PROFILE.kv_bytes_per_token
+    assert Calibration.from_dict(json.loads(cal.to_json())) == cal
+
+
+@pytest.mark.slow
+def test_time_scale_2_doubles_the_constants_through_the_cli(tmp_path: Path) -> None:
+    launched = launch.up_emulated(2, 4, tmp_path / "engines", time_scale=2.0)
+    cluster_path = tmp_path / "cluster.yaml"
+    launched.file.save(cluster_path)
+    app = typer.Typer()
+    app.command()(calibrate)
+    app.command("unused")(lambda: None)  # two commands, so `calibrate` is addressed by name as in calroute
+    out, report_path = tmp_path / "cal.json", tmp_path / "report.json"
+
+    def run() -> dict[str, Any]:
+        result = CliRunner().invoke(
+            app,
+            ["calibrate", "--cluster", str(cluster_path), "--duration", "40", "--out", str(out)]
+            + ["--report", str(report_path)],
+        )
+        assert result.exit_code == 0, result.output
+        assert "fit quality" in result.output and "at time scale 1" in result.output
+        report: dict[str, Any] = json.loads(report_path.read_text())
+        return report
+
+    try:
+        report = _attempts(run, launched.file)
+    finally:
+        launched.stop()
+    cal = Calibration.load(out)
+    assert cal.provenance["cluster"]["time_scale"] == 2.0
+    assert cal.provenance["source"] == f"calibrate:emulated:{cluster_path}"
+    at_1 = report["constants_at_time_scale_1"]
+    assert at_1["tau_dec_s"] == pytest.approx(cal.tau_dec_s / 2)
+    assert at_1["tau_dec_s"] == pytest.approx(PROFILE.tau_dec_s, rel=TOLERANCE)
+
+
+def test_cli_errors_exit_2(tmp_path: Path) -> None:
+    app = typer.Typer()
+    app.command()(calibrate)
+    app.command("unused")(lambda: None)
+    result = CliRunner().invoke(app, ["calibrate", "--cluster", str(tmp_path / "missing.yaml")])
+    assert result.exit_code == 2 and "error:" in result.output and "missing.yaml" in result.output
+
+
+@pytest.mark.slow
+def test_real_vllm_calibration_completes(vllm_cluster: ClusterFile, tmp_path: Path) -> None:
+    # CPU vLLM serving a tiny model is not GPU-like: no accuracy claim, only a complete, sane calibration.
+    started = time.perf_counter()
+    cal, report = calibrate_cluster(vllm_cluster, 30.0, lambda line: None)
+    wall_s = time.perf_counter() - started
+    path = tmp_path / "cal.json"
+    cal.save(path)
+    loaded = Calibration.load(path)
+    assert loaded == cal
+    constants = report["constants"]
+    assert all(math.isfinite(v) and v >= 0 for v in constants.values()), constants
+    positive = ("tau_pre_s", "tau_dec_s", "prefill.per_token_s", "decode.base_s", "slo.tight_ttft_s")
+    assert all(constants[k] > 0 for k in positive)
+    assert cal.kv_bytes_per_token == 1024  # the tiny model: 2 x 2 layers x 2 KV heads x 32 x 4 bytes
+    assert cal.provenance["cluster"]["kind"] == "vllm"
+    assert "cache_config_info" in cal.provenance["kv_bytes_per_token_source"]
+    fits = report["fits"]
+    print(f"\nreal vLLM 1P+1D: wall {wall_s:.1f} s (budget 30 s)")
+    for name, fit in fits.items():
+        assert isinstance(fit["r2_fit"], float) and fit["n_fit"] >= 3, (name, fit)
+        print(
+            f"  {name:8s} n={fit['n_fit']}/{fit['n_rejected']}/{fit['n_held_out']} "
+            f"R^2 fit {fit['r2_fit']:.3f} held-out {fit['r2_held_out']} "
+            f"median |res| {fit['held_out_median_rel_residual']} max {fit['held_out_max_rel_residual']} "
+            f"notes {fit['notes']}"
+        )
+    for k, v in constants.items():
+        print(f"  {k:32s} {v:.4g}")
+    assert wall_s < 60.0

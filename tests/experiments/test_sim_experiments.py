@@ -1,0 +1,52 @@
+"""Every experiment of the paper runs in quick mode on the simulator; runs resume; the report assembles."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from calroute.costmodel.profiles import get_profile
+from calroute.experiments import EXPERIMENTS
+from calroute.experiments.backends import SimBackend
+from calroute.experiments.runner import run_experiment
+from calroute.report.markdown import write_report
+
+
+@pytest.mark.parametrize("name", sorted(EXPERIMENTS))
+def test_each_experiment_runs_quick_on_the_simulator(name: str, tmp_path: Path) -> None:
+    exp = EXPERIMENTS[name]
+    results = run_experiment(exp, SimBackend(get_profile("a40-qwen2.5-3b")), True, tmp_path)
+    cells = exp.cells(True)
+    assert [r.cell_key for r in results] == [c.key for c in cells]
+    for cell, result in zip(cells, results, strict=True):
+        assert result.rate_rps > 0
+        assert {r.label for r in result.runs} == {v.label for v in cell.variants}
+        assert all(0.0 <= r.summary.goodput <= 1.0 and r.summary.requests == 300 for r in result.runs)
+    section = (tmp_path / name / "report.md").read_text()
+    assert section.startswith("## ") and ".png" in section
+    for png in (tmp_path / name).glob("*.png"):
+        assert png.stat().st_size > 1000
+
+
+def test_a_killed_experiment_resumes_and_the_report_assembles(tmp_path: Path) -> None:
+    backend = SimBackend(get_profile("a40-qwen2.5-3b"))
+    exp = EXPERIMENTS["width"]
+    messages: list[str] = []
+    run_experiment(exp, backend, True, tmp_path)
+    # a kill after the first cell: its result survives, the others are gone
+    cells_dir = tmp_path / "width" / "cells"
+    first, *rest = sorted(cells_dir.iterdir())
+    kept = json.loads(first.read_text())
+    for p in rest:
+        p.unlink()
+    results = run_experiment(exp, backend, True, tmp_path, progress=messages.append)
+    assert sum("done earlier, skipped" in m for m in messages) == 1
+    assert not any("saturation search" in m for m in messages)  # the saturation rate was kept too
+    again = next(r for r in results if r.cell_key == kept["cell_key"]).to_dict()
+    assert json.loads(json.dumps(again)) == kept
+    run_experiment(EXPERIMENTS["scarcity"], backend, True, tmp_path)
+    report = write_report(tmp_path).read_text()
+    assert "Decode-pool width" in report and "Extreme scarcity" in report
+    assert "calroute experiment width --backend sim --quick" in report

@@ -1,0 +1,1 @@
+"""Tests of the live harness: prompts, the load generator, the correctness gates."""
