@@ -14,6 +14,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from calroute.cli_bench import bench
+from calroute.cli_calibrate import calibrate
 from calroute.cli_engines import engines_app
 from calroute.cli_experiment import experiment, report
 from calroute.cli_run import run
@@ -36,6 +37,7 @@ app.command()(serve)
 app.command()(experiment)
 app.command()(run)
 app.command()(bench)
+app.command()(calibrate)
 app.command("report")(report)
 err = Console(stderr=True)
 # Piped output (logs, CI) would otherwise be cut at 80 columns, which truncates the comparison table.

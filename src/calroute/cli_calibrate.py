@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from calroute.cluster import ClusterFile
@@ -99,7 +100,9 @@ def calibrate(
 
     def progress(message: str) -> None:
         err.print(
-            f"[dim]{time.perf_counter() - started:6.1f} s[/] {message}", highlight=False, soft_wrap=True
+            f"[dim]{time.perf_counter() - started:6.1f} s[/] {escape(message)}",
+            highlight=False,
+            soft_wrap=True,
         )
 
     try:

@@ -1,6 +1,6 @@
 """Measurements against a live cluster, over the same HTTP surface the router uses (aiohttp client).
 
-Three sweeps, each bounded in time:
+A warm-up and two sweeps, each bounded in time:
 
 * **prefill + handoff**: unloaded single requests (``max_tokens=1``, ``kv_transfer_params.do_remote_decode``:
   the real P/D prefill path) at prompt lengths spread geometrically, on every prefill engine; latency is
@@ -36,7 +36,7 @@ import aiohttp
 import numpy as np
 
 from calroute.cluster import ClusterEngine, ClusterFile
-from calroute.costmodel.calibration import PrefillCurve
+from calroute.costmodel.calibration import REF_PROMPT_TOKENS, PrefillCurve
 from calroute.errors import CalibrationError
 from calroute.proxy.pd import PREFILL_KV_PARAMS
 
@@ -54,9 +54,9 @@ MIN_PREFILL_ROUNDS = 2  # so every prompt length has a repeat even when one roun
 MAX_PREFILL_ROUNDS = 6
 HANDOFF_OUTPUT_TOKENS = 2
 
-DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64)
-# Measured first: the corners of the (batch, context) plane, then the middle, so a short budget still
-# brackets the reference point (32 sequences) instead of stopping halfway up the ladder.
+# The batch ladder 1, 2, 4, ..., 64 in the order it is measured: the corners of the (batch, context) plane
+# first, then the middle, so a short budget still brackets the reference point (32 sequences) instead of
+# stopping halfway up the ladder.
 DECODE_BATCH_PRIORITY = (1, 32, 64, 8, 2, 16, 4)
 DECODE_SHORT_PROMPT = 128
 DECODE_LONG_PROMPT_MAX = 2048
@@ -309,7 +309,10 @@ class EngineClient:
             raise RequestFailed(f"prefill on {url}: {type(e).__name__}: {e}") from e
         if status != 200:
             raise RequestFailed(f"prefill on {url}: HTTP {status}: {payload[:300]!r}")
-        kv = json.loads(payload).get("kv_transfer_params")
+        try:
+            kv = json.loads(payload).get("kv_transfer_params")
+        except (ValueError, AttributeError) as e:
+            raise RequestFailed(f"prefill on {url}: not a completion object: {payload[:300]!r}") from e
         if not isinstance(kv, dict):
             raise RequestFailed(f"prefill on {url} returned no kv_transfer_params (is a KV connector set?)")
         return done - sent, kv
@@ -388,7 +391,12 @@ def _event_tokens(event: bytes, url: str) -> int:
         data = line[6:].strip()
         if data == b"[DONE]":
             return 0
-        obj = json.loads(data)
+        try:
+            obj = json.loads(data)
+        except ValueError as e:
+            raise RequestFailed(f"stream on {url}: an event is not JSON: {data[:300]!r}") from e
+        if not isinstance(obj, dict):
+            raise RequestFailed(f"stream on {url}: an event is not a JSON object: {data[:300]!r}")
         if "error" in obj:
             raise RequestFailed(f"stream on {url}: {obj['error']}")
         choices = obj.get("choices") or []
@@ -439,9 +447,14 @@ async def prefill_sweep(
 
     Chains run concurrently, one per decode engine they use, so no decode engine sees two handoffs at once
     and no prefill engine two prefills; a chain's decode engine rotates between rounds. Rounds repeat while
-    another one fits in the budget (the first always runs).
+    another one fits in the budget (the first MIN_PREFILL_ROUNDS always run).
     """
     ladder = prefill_ladder(cluster.max_model_len)
+    if ladder[-1] < REF_PROMPT_TOKENS:
+        progress(
+            f"prefill: prompts stop at {ladder[-1]} tokens (max_model_len {cluster.max_model_len}): tau_pre, "
+            f"read at {REF_PROMPT_TOKENS}, is extrapolated"
+        )
     pre, dec = cluster.prefill, cluster.decode
     n_chains = min(len(pre), len(dec))
     prefills: list[PrefillMeasurement] = []

@@ -44,6 +44,7 @@ from calroute.errors import CalibrationError
 PREFILL_SHARE = 0.3  # of the budget left after the warm-up
 DECODE_SHARE = 0.6  # the remaining 10 % is slack for a round or batch that overruns its phase
 MIN_DURATION_S = 5.0
+MIN_SAMPLES = 6  # per sweep: three constants, a held-out point, and room to reject an outlier
 METHOD = (
     "calroute calibrate: unloaded P/D prefills over a geometric prompt ladder (client-observed latency); "
     "decode steps over a steady window of B concurrent streams at two prompt lengths; KV transfer = "
@@ -79,6 +80,15 @@ async def resolve_kv_bytes_per_token(client: EngineClient, cluster: ClusterFile)
             "kv_cache_memory_bytes); set extra: {kv_bytes_per_token: N} in the cluster file"
         )
     return value, "vllm:cache_config_info kv_cache_memory_bytes / (num_gpu_blocks x block_size)"
+
+
+def _enough(sweep: str, n: int, duration_s: float) -> None:
+    # The fits need more than this anyway; failing here says why there are so few.
+    if n < MIN_SAMPLES:
+        raise CalibrationError(
+            f"only {n} {sweep} samples within the {duration_s:g} s budget (failed requests, if any, are "
+            "listed above): give the calibration more time (--duration)"
+        )
 
 
 def _signed_median_by_engine(pairs: list[tuple[str, float]]) -> dict[str, float]:
@@ -149,6 +159,7 @@ async def _calibrate(
         phase_started = time.perf_counter()
         prefills, handoffs = await prefill_sweep(client, cluster, PREFILL_SHARE * left_s, progress)
         prefill_phase_s = time.perf_counter() - phase_started
+        _enough("prefill", len(prefills), duration_s)
         pre_fit = fit_prefill([(m.prompt_tokens, m.latency_s) for m in prefills])
         progress(
             f"prefill fit: R^2 {_fmt(pre_fit.report.r2_fit)}, held-out R^2 {_fmt(pre_fit.report.r2_held_out)}"
@@ -159,6 +170,7 @@ async def _calibrate(
         decode_budget_s = left_s * (PREFILL_SHARE + DECODE_SHARE) - prefill_phase_s
         decodes = await decode_sweep(client, cluster, pre_fit.curve, decode_budget_s, progress)
         decode_phase_s = time.perf_counter() - phase_started
+    _enough("decode", len(decodes), duration_s)
     dec_fit = fit_decode([(m.batch, m.context_tokens, m.tpot_s) for m in decodes])
     progress(
         f"decode fit: R^2 {_fmt(dec_fit.report.r2_fit)}, held-out R^2 {_fmt(dec_fit.report.r2_held_out)}"
