@@ -40,7 +40,7 @@ def experiment(
         if backend is not BackendKind.sim:
             from calroute.experiments.live import live_backend
 
-            be: Backend = live_backend(backend.value, out / backend.value / "_clusters", err.print)
+            be: Backend = live_backend(backend.value, out / backend.value / "_clusters", err.print, quick)
         else:
             be = SimBackend(get_profile("a40-qwen2.5-3b"))
         try:

@@ -25,6 +25,9 @@ def test_each_experiment_runs_quick_on_the_simulator(name: str, tmp_path: Path) 
         assert {r.label for r in result.runs} == {v.label for v in cell.variants}
         assert all(0.0 <= r.summary.goodput <= 1.0 and r.summary.requests == 300 for r in result.runs)
     section = (tmp_path / name / "report.md").read_text()
+    if name == "fidelity":  # the simulator against itself is no test of fidelity
+        assert "Needs a live backend" in section
+        return
     assert section.startswith("## ") and ".png" in section
     for png in (tmp_path / name).glob("*.png"):
         assert png.stat().st_size > 1000

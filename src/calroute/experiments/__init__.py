@@ -6,6 +6,7 @@ from calroute.errors import ConfigError
 from calroute.experiments.ablation import Ablation
 from calroute.experiments.base import Experiment
 from calroute.experiments.calibration import CalibrationValue
+from calroute.experiments.fidelity import Fidelity
 from calroute.experiments.frontier import Frontier
 from calroute.experiments.heterogeneity import Heterogeneity
 from calroute.experiments.mixed_bursty import MixedBursty
@@ -24,6 +25,7 @@ EXPERIMENTS: dict[str, Experiment] = {
         Frontier(),
         Ablation(),
         Noise(),
+        Fidelity(),
     )
 }
 

@@ -24,12 +24,14 @@ from calroute.workload.source import FamilyWorkload
 REPO = Path(__file__).resolve().parents[3]
 
 
-def _calibrate(cluster: ClusterFile, path: Path, progress: Callable[[str], None]) -> Calibration:
+def _calibrate(
+    cluster: ClusterFile, path: Path, progress: Callable[[str], None], budget_s: float
+) -> Calibration:
     from calroute.calibrate.run import calibrate_cluster
 
     if path.exists():
         return Calibration.load(path)
-    cal, _ = calibrate_cluster(cluster, 60.0, progress)
+    cal, _ = calibrate_cluster(cluster, budget_s, progress, cluster_path=path.parent / "cluster.yaml")
     cal.save(path)
     return cal
 
@@ -40,6 +42,7 @@ class LiveBackend:
     work_dir: Path
     progress: Callable[[str], None] = lambda msg: None
     fixed: LiveSetup | None = None  # `calroute run`: a cluster that is already up
+    quick: bool = False  # a shorter calibration and a coarser saturation search
     _shape: tuple[int, int] | None = None
     _launched: launch.LaunchedCluster | None = None
     _setup: LiveSetup | None = None
@@ -61,7 +64,7 @@ class LiveBackend:
         cluster_path = shape_dir / "cluster.yaml"
         cluster.save(cluster_path)
         require_gates(cluster)
-        cal = _calibrate(cluster, shape_dir / "calibration.json", self.progress)
+        cal = _calibrate(cluster, shape_dir / "calibration.json", self.progress, 20.0 if self.quick else 60.0)
         self._shape = (prefill, decode)
         self._setup = LiveSetup(cluster, cluster_path, cal)
         return self._setup
@@ -108,7 +111,7 @@ class LiveBackend:
             self.progress(f"  probe {rate:.2f} req/s: round_robin goodput {run.summary.goodput:.3f}")
             return run.summary.goodput
 
-        return find_saturation(measure, start_rps=4.0).rate_rps
+        return find_saturation(measure, start_rps=4.0, rel_tol=0.1 if self.quick else 0.03).rate_rps
 
     def run_cell(
         self,
@@ -135,6 +138,6 @@ class LiveBackend:
 
 
 def live_backend(
-    kind: str, work_dir: Path, progress: Callable[[str], None] = lambda msg: None
+    kind: str, work_dir: Path, progress: Callable[[str], None] = lambda msg: None, quick: bool = False
 ) -> LiveBackend:
-    return LiveBackend(kind, work_dir, progress)
+    return LiveBackend(kind, work_dir, progress, quick=quick)
