@@ -21,6 +21,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from calroute import aio
 from calroute.cluster import ClusterFile
 from calroute.costmodel.calibration import Calibration
 from calroute.costmodel.profiles import get_profile, profile_names
@@ -243,7 +244,7 @@ def bench(
     with records_path.open("w") as f, _progress() as progress:
         writer = RecordWriter(f, flush_every=64)  # a crash loses at most 64 records; writes stay cheap
         task = progress.add_task(f"{policy_label} @ {rate:g} req/s", total=len(reqs))
-        result = asyncio.run(
+        result = aio.run(
             drive(
                 target,
                 reqs,

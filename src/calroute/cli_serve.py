@@ -90,4 +90,14 @@ def serve(
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from e
     err.print(f"calroute proxy on http://{host}:{port} ({policy}, {len(c.prefill)}P+{len(c.decode)}D)")
-    web.run_app(proxy.app(), host=host, port=port, handler_cancellation=True, access_log=None, print=None)
+    from calroute.aio import new_event_loop
+
+    web.run_app(
+        proxy.app(),
+        host=host,
+        port=port,
+        handler_cancellation=True,
+        access_log=None,
+        print=None,
+        loop=new_event_loop(),
+    )

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import signal
 
+from calroute import aio
 from calroute.engines.group import EngineGroup, EngineSpec, GroupConfig
 
 logger = logging.getLogger(__name__)
@@ -26,4 +27,4 @@ async def serve(config: GroupConfig, specs: list[EngineSpec]) -> None:
 
 
 def run(config: GroupConfig, specs: list[EngineSpec]) -> None:
-    asyncio.run(serve(config, specs))
+    aio.run(serve(config, specs))

@@ -7,7 +7,6 @@ proxy. A finished run leaves summary.json in its directory and is not run again 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from calroute import aio
 from calroute.cluster import ClusterFile
 from calroute.costmodel.calibration import Calibration, mismatched
 from calroute.engines.procs import free_port, start_process_group, stop_process_group, wait_http_ready
@@ -117,9 +117,9 @@ def run_variant(
     try:
         wait_http_ready(f"{url}/health", 30, proc=proxy, log_path=run_dir / "proxy.log")
         _reset(setup.cluster)
-        asyncio.run(_warm_up(url, setup.cluster.model))
+        aio.run(_warm_up(url, setup.cluster.model))
         _reset(setup.cluster)  # the warm-up's prompts must not help the measured ones
-        result = asyncio.run(
+        result = aio.run(
             drive(
                 url,
                 list(requests),
