@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 VLLM_VENV ?= .venv-vllm
 VLLM_MODEL ?= .venv-vllm/tiny-model
 
-.PHONY: demo test lint bench clean vllm
+.PHONY: demo test lint bench clean vllm example
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -31,6 +31,12 @@ vllm: $(VLLM_VENV)/.complete $(VLLM_MODEL)/config.json
 # Grouped target: a missing marker or a missing model reruns the (idempotent) script once.
 $(VLLM_VENV)/.complete $(VLLM_MODEL)/config.json &:
 	bash scripts/setup_vllm.sh $(VLLM_VENV) $(VLLM_MODEL)
+
+# Regenerates the example report committed under docs/example-demo/ from a fresh demo run.
+example: demo
+	rm -rf docs/example-demo && mkdir -p docs/example-demo/live
+	cp out/demo/report.md out/demo/goodput.png out/demo/calibration.json docs/example-demo/
+	cp out/demo/live/*.png docs/example-demo/live/
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/sim_speed.py

@@ -95,7 +95,7 @@ def run_simulation(
                     task, description=f"saturation search: {p.rate_rps:.2f} req/s -> {p.goodput:.3f}"
                 )
 
-            sat = saturate(setup, workload, target=saturate_target, on_probe=on_probe)
+            sat = saturate(setup, workload, target=saturate_target, seeds=seeds, on_probe=on_probe)
         rate_rps = sat.rate_rps
         saturation = {
             "target": sat.target,

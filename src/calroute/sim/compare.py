@@ -114,14 +114,20 @@ def saturate(
     workload: WorkloadSource,
     target: float = 0.85,
     reference_policy: str = "round_robin",
-    seed: int = 0,
+    seeds: Sequence[int] = (0,),
     on_probe: Callable[[Probe], None] | None = None,
 ) -> SaturationResult:
-    """The rate at which ``reference_policy``'s goodput crosses ``target`` on this setup and workload."""
+    """The rate at which ``reference_policy``'s goodput, averaged over ``seeds``, crosses ``target``.
+
+    Averaging over the seeds a comparison will run matters for bursty workloads and short runs, where one
+    trace's calm stretch would otherwise set the rate for all of them.
+    """
 
     def measure(rate: float) -> float:
-        return simulate_run(
-            setup, reference_policy, workload.requests(rate, seed), seed, rate
-        ).summary.goodput
+        goodputs = [
+            simulate_run(setup, reference_policy, workload.requests(rate, s), s, rate).summary.goodput
+            for s in seeds
+        ]
+        return sum(goodputs) / len(goodputs)
 
     return find_saturation(measure, target=target, on_probe=on_probe)
