@@ -357,37 +357,50 @@ class Proxy:
     async def _relay_stream(
         self, request: web.Request, r: aiohttp.ClientResponse, f: _Flight, client_wants_usage: bool
     ) -> web.StreamResponse:
+        """Relay the decode engine's SSE as it comes, whole reads at a time (one write per read, not per
+        line), watching only for what the router needs: the first content event, the usage event (kept only
+        if the client asked for it) and an error event."""
         resp: web.StreamResponse | None = None
-        skip_blank = False
         error: str | None = None
+        pending = b""  # an event split across reads
         try:
-            async for line in r.content:
+            async for chunk in r.content.iter_any():
                 if resp is None:
                     resp = web.StreamResponse(
                         status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
                     )
                     await resp.prepare(request)
-                if skip_blank and line.strip() == b"":
-                    skip_blank = False
+                data = pending + chunk
+                cut = data.rfind(b"\n\n") + 2
+                if cut < 2:
+                    pending = data
                     continue
-                if line.startswith(b"data: {"):
-                    if b'"choices":[]' in line:  # the usage chunk
-                        try:
-                            f.output_tokens = int(json.loads(line[6:])["usage"]["completion_tokens"])
-                        except (ValueError, KeyError, TypeError):
-                            pass
-                        if not client_wants_usage:
-                            skip_blank = True
-                            continue
-                    elif line.startswith(b'data: {"error"'):
-                        error = line[6:].strip().decode(errors="replace")[:300]
-                    else:
-                        now = self.now()
-                        if f.first_token_s is None:
-                            f.first_token_s = now
-                            self.router.first_token(f.request_id, now)
-                        f.last_token_s = now
-                await resp.write(line)
+                events, pending = data[:cut], data[cut:]
+                if b'"choices":[{' in events:
+                    now = self.now()
+                    if f.first_token_s is None:
+                        f.first_token_s = now
+                        self.router.first_token(f.request_id, now)
+                    f.last_token_s = now
+                usage_at = events.find(b'"choices":[]')
+                if usage_at >= 0:
+                    start = events.rfind(b"data: ", 0, usage_at)
+                    end = events.find(b"\n\n", usage_at) + 2
+                    try:
+                        f.output_tokens = int(
+                            json.loads(events[start + 6 : end])["usage"]["completion_tokens"]
+                        )
+                    except (ValueError, KeyError, TypeError):
+                        pass
+                    if not client_wants_usage:
+                        events = events[:start] + events[end:]
+                error_at = events.find(b'data: {"error"')
+                if error_at >= 0:
+                    error = events[error_at + 6 : error_at + 306].split(b"\n", 1)[0].decode(errors="replace")
+                if events:
+                    await resp.write(events)
+            if pending and resp is not None:
+                await resp.write(pending)
         except (aiohttp.ClientError, TimeoutError) as e:
             if resp is None:
                 raise  # nothing reached the client yet: the caller retries elsewhere
