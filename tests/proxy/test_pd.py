@@ -130,3 +130,14 @@ def test_parse_vllm_metrics_sums_engines_and_ignores_lookalikes() -> None:
     legacy = VLLM_METRICS.replace(b"vllm:kv_cache_usage_perc", b"vllm:gpu_cache_usage_perc")
     assert parse_vllm_metrics(legacy) == (0.25, 4.0, 2.0)
     assert parse_vllm_metrics(b"nothing here\n") is None
+
+
+def test_only_trace_context_is_forwarded_from_clients() -> None:
+    client = {
+        "traceparent": "00-abc-def-01",
+        "Authorization": "Bearer client-secret",
+        "Cookie": "x=1",
+        "x-calroute-slo": "tight",
+        "tracestate": "k=v",
+    }
+    assert pd.forwarded(client) == {"traceparent": "00-abc-def-01", "tracestate": "k=v"}

@@ -104,6 +104,7 @@ class _Flight:
     last_token_s: float | None = None
     output_tokens: int = 0
     recorded: bool = False
+    forwarded: dict[str, str] = field(default_factory=dict)  # client headers on the allow-list
 
 
 class Proxy:
@@ -223,7 +224,13 @@ class Proxy:
         tokens, chars = self.prompt_length.estimate(body)
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         flight = _Flight(
-            uuid.uuid4().hex, arrival, slo, tokens, chars, max_tokens if isinstance(max_tokens, int) else 0
+            uuid.uuid4().hex,
+            arrival,
+            slo,
+            tokens,
+            chars,
+            max_tokens if isinstance(max_tokens, int) else 0,
+            forwarded=pd.forwarded(request.headers),
         )
         try:
             return await self._serve(request, body, path, flight)
@@ -282,7 +289,7 @@ class Proxy:
         return _error(502, f"every attempt failed; last: {last_error}", "BadGateway")
 
     def _headers(self, f: _Flight) -> dict[str, str]:
-        return {**self._engine_headers, "X-Request-Id": f.request_id}
+        return {**f.forwarded, **self._engine_headers, "X-Request-Id": f.request_id}
 
     async def _prefill(
         self, body: dict[str, Any], path: str, f: _Flight

@@ -10,6 +10,7 @@ client did not ask for it).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 PREFILL_KV_PARAMS: dict[str, Any] = {
@@ -21,8 +22,13 @@ PREFILL_KV_PARAMS: dict[str, Any] = {
     "remote_port": None,
 }
 
-# Client headers that may reach an engine; everything else is dropped (no blind forwarding).
-FORWARDED_HEADERS = ("content-type", "accept", "traceparent", "tracestate")
+# The only client headers that reach an engine (trace context); everything else is dropped, credentials
+# included: engines get the proxy's own key, if any.
+FORWARDED_HEADERS = ("traceparent", "tracestate")
+
+
+def forwarded(headers: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k in FORWARDED_HEADERS if (v := headers.get(k)) is not None}
 
 
 def prefill_body(client: dict[str, Any]) -> dict[str, Any]:

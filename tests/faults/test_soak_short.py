@@ -1,0 +1,43 @@
+"""The short soak of CI: benchmarks/soak.py for 45 s with a fault every 12 s; nothing may be lost."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.faults
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_short_soak_loses_nothing() -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "soak.py"),
+            "--duration-s",
+            "45",
+            "--rate",
+            "6",
+            "--fault-every-s",
+            "12",
+            "--fault-lasts-s",
+            "5",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPO,
+    )
+    assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-2000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["lost"] == 0
+    assert report["proxy_records"] == report["offered"] == sum(report["client_records"].values())
+    assert len(report["faults"]) >= 3
+    assert report["client_records"].get("ok", 0) >= 0.8 * report["offered"]
+    assert report["proxy_open_sockets_end"] < 50
