@@ -5,7 +5,8 @@ in its own process with a request log, and the open-loop load generator at the g
 through: an engine answering 500s, a stalled decode engine, a decode engine killed (and restarted 10 s
 later on its port), /metrics gone; each lasts 10 s. Reported: requests offered, completed, failed by
 reason, lost (offered without a terminal record at the client, or at the proxy: must be 0), the proxy's
-memory at the start and the end, and its open connections at the end. Exit status 1 when anything is lost.
+memory at the start and the end, its TCP sockets by state at the end (CLOSE_WAIT means a leak), and how
+many sockets 30 sequential requests add afterwards (a pool adds none). Exit status 1 when anything is lost.
 The default rate, 10 req/s of mixed-bursty traffic, is about round-robin's saturation point on 2P+4D.
 Usage: python benchmarks/soak.py [--duration-s 600] [--rate 10] [--fault-every-s 30] [--json]
 """
@@ -33,6 +34,9 @@ from calroute.workload.families import generate_family
 FAULTS = ("error_rate", "stall", "crash", "metrics_down")
 
 
+PROBE_REQUESTS = 30
+
+
 def _post(url: str, payload: dict[str, Any]) -> None:
     req = urllib.request.Request(
         url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
@@ -48,9 +52,37 @@ def _rss_kb(pid: int) -> int:
     return 0
 
 
-def _open_connections(pid: int) -> int:
-    fds = Path(f"/proc/{pid}/fd")
-    return sum(1 for fd in fds.iterdir() if fd.is_symlink() and "socket:" in str(fd.readlink()))
+# /proc/net/tcp state codes (include/net/tcp_states.h)
+_TCP_STATES = {"01": "established", "06": "time_wait", "08": "close_wait", "0A": "listen"}
+
+
+def _sockets_by_state(pid: int) -> dict[str, int]:
+    """The process's TCP sockets by state. A socket the peer closed and we never did sits in CLOSE_WAIT: the
+    signature of a leaked connection (a pooled keep-alive connection, however many, is ESTABLISHED)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = str(fd.readlink())
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    states: Counter[str] = Counter()
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            cols = line.split()
+            if cols[9] in inodes:
+                states[_TCP_STATES.get(cols[3], cols[3])] += 1
+    return dict(states)
+
+
+def _probe_growth(proxy_url: str, model: str, n: int, pid: int) -> int:
+    """Open sockets added by `n` sequential requests: a pool reuses its connections, a leak adds one or two
+    per request."""
+    before = sum(_sockets_by_state(pid).values())
+    for _ in range(n):
+        _post(f"{proxy_url}/v1/completions", {"model": model, "prompt": "probe", "max_tokens": 2})
+    return sum(_sockets_by_state(pid).values()) - before
 
 
 class FaultSchedule(threading.Thread):
@@ -112,9 +144,11 @@ def main() -> None:
     ap.add_argument("--fault-every-s", type=float, default=30.0)
     ap.add_argument("--fault-lasts-s", type=float, default=10.0)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--workdir", type=Path, help="keep engine and proxy logs here (default: a temporary dir)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp_name:
-        tmp = Path(tmp_name)
+        tmp = args.workdir or Path(tmp_name)
+        tmp.mkdir(parents=True, exist_ok=True)
         launched = up_emulated(2, 4, tmp / "engines", process_per_engine=True)
         cluster = launched.file
         cluster_path = tmp / "cluster.yaml"
@@ -165,9 +199,11 @@ def main() -> None:
             result = aio.run(drive(f"http://127.0.0.1:{port}", reqs, cluster.model, timeout_s=120.0))
             stop.set()
             schedule.join(30)
-            time.sleep(1.0)
             rss_end = _rss_kb(proxy.pid)
-            connections = _open_connections(proxy.pid)
+            time.sleep(2.0)  # let the engines restarted by the last fault finish their handshakes
+            sockets = _sockets_by_state(proxy.pid)
+            logged = list(read_records(log))  # before the probe requests add theirs
+            growth = _probe_growth(f"http://127.0.0.1:{port}", cluster.model, PROBE_REQUESTS, proxy.pid)
         finally:
             stop.set()
             stop_process_group(proxy.pid)
@@ -177,7 +213,6 @@ def main() -> None:
                 if p.poll() is None:
                     p.wait(timeout=10)
         client = Counter(r.status.value for r in result.records)
-        logged = list(read_records(log))
         by_reason = Counter((r.error or "").split(":")[0][:60] for r in logged if r.status.value != "ok")
         offered = len(reqs)
         # the client keeps one record per request it sent; the proxy one per request it admitted (all of them
@@ -195,7 +230,10 @@ def main() -> None:
             "lost": lost,
             "proxy_rss_kb_start": rss_start,
             "proxy_rss_kb_end": rss_end,
-            "proxy_open_sockets_end": connections,
+            "proxy_sockets_end": sockets,
+            "proxy_socket_growth_over_probe": growth,
+            "probe_requests": PROBE_REQUESTS,
+            "e2e_max_s": max((r.last_token_s or r.arrival_s) - r.arrival_s for r in logged),
             "lateness_p99_s": result.lateness_p99_s,
             "faults": schedule.log,
         }

@@ -80,6 +80,22 @@ def test_a_stalled_engine_times_out_and_is_routed_around(
     assert all(r.status is RequestStatus.OK and r.decode_id == "decode-1" for r in recs)
 
 
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_long_answer_is_not_a_stall(
+    fresh_cluster: Callable[..., ClusterFile], proxy_for: Callable[..., RunningProxy], streamed: bool
+) -> None:
+    # ~100 decode steps of ~20 ms: far past a 0.5 s stall timeout, yet the engine is working, not stalled.
+    c = fresh_cluster(1, 1)
+    p = proxy_for(c, prefill_timeout_s=2.0, stall_timeout_s=0.5)
+    send = stream if streamed else request
+    status, _ = send(f"{p.url}/v1/completions", body(max_tokens=100, stream=streamed), timeout_s=30)
+    assert status == 200
+    wait_for(lambda: len(records(p)) == 1, 5.0)  # a stream's record is written just after its last event
+    (rec,) = one_record_each(p, 1)
+    assert rec.status is RequestStatus.OK and rec.output_tokens == 100
+    assert rec.last_token_s is not None and rec.last_token_s - rec.arrival_s > 1.0
+
+
 def test_a_decode_engine_that_dies_mid_stream_ends_the_stream_with_an_error(
     fresh_cluster: Callable[..., ClusterFile], proxy_for: Callable[..., RunningProxy]
 ) -> None:

@@ -51,12 +51,12 @@ def proxy_for(tmp_path: Path) -> Iterator[Callable[..., RunningProxy]]:
     running: list[RunningProxy] = []
 
     def make(cluster: ClusterFile, **kw: Any) -> RunningProxy:
+        kw.setdefault("health_interval_s", 0.2)
         cfg = ProxyConfig(
             cluster=cluster,
             calibration=CAL,
             log_path=tmp_path / f"log{len(running)}.jsonl",
             decision_log_path=tmp_path / f"decisions{len(running)}.jsonl",
-            health_interval_s=0.2,
             **kw,
         )
         p = RunningProxy(cfg)

@@ -1,8 +1,9 @@
 """Calibrate a live cluster: warm up, sweep, fit, and derive the router's prices and SLO targets.
 
 The budget (``duration_s``) covers everything; the warm-up takes what it takes (bounded by its timeouts),
-the remainder is split between the prefill/handoff sweep and the decode sweep, with some slack because a
-round or batch already running when its phase's budget ends is allowed to finish.
+the remainder (at least ``MIN_SWEEP_S``, so a slow warm-up makes the run overrun, not fail) is split
+between the prefill/handoff sweep and the decode sweep, with some slack because a round or batch already
+running when its phase's budget ends is allowed to finish.
 
 Emulated clusters multiply every modelled duration by their ``time_scale``; the constants measured are
 those of the scaled hardware, which is what a router talking to that cluster must price. The report also
@@ -44,6 +45,9 @@ from calroute.errors import CalibrationError
 PREFILL_SHARE = 0.3  # of the budget left after the warm-up
 DECODE_SHARE = 0.6  # the remaining 10 % is slack for a round or batch that overruns its phase
 MIN_DURATION_S = 5.0
+# The sweeps get at least this long even when a slow warm-up (real vLLM on CPU compiles its first shapes
+# for ~30 s) ate the budget: a calibration that overruns says so; one with no samples is no calibration.
+MIN_SWEEP_S = 20.0
 MIN_SAMPLES = 6  # per sweep: three constants, a held-out point, and room to reject an outlier
 METHOD = (
     "calroute calibrate: unloaded P/D prefills over a geometric prompt ladder (client-observed latency); "
@@ -154,7 +158,13 @@ async def _calibrate(
         )
         await warm_up(client, cluster, progress)
         warmup_s = time.perf_counter() - started
-        left_s = max(duration_s - warmup_s, MIN_DURATION_S)
+        left_s = duration_s - warmup_s
+        if left_s < MIN_SWEEP_S:
+            progress(
+                f"warm-up took {warmup_s:.1f} s of the {duration_s:g} s budget: measuring for "
+                f"{MIN_SWEEP_S:g} s anyway (the calibration will overrun by {MIN_SWEEP_S - left_s:.0f} s)"
+            )
+            left_s = MIN_SWEEP_S
 
         phase_started = time.perf_counter()
         prefills, handoffs = await prefill_sweep(client, cluster, PREFILL_SHARE * left_s, progress)

@@ -41,6 +41,12 @@ from calroute.types import RequestStatus, SloClass
 
 logger = logging.getLogger(__name__)
 
+# Below vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s by default, vllm/envs.py).
+ENGINE_KEEPALIVE_S = 4.0
+# A non-streamed answer may take this many calibrated decode steps per token before the engine counts as
+# stalled: generous, since a step at full batch and long context is several times the reference step.
+SLOW_STEPS_PER_TOKEN = 4.0
+
 
 @dataclass(frozen=True)
 class ProxyConfig:
@@ -177,9 +183,10 @@ class Proxy:
         return app
 
     async def _startup(self, app: web.Application) -> None:
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None), auto_decompress=False
-        )
+        # vLLM's API server (uvicorn) drops idle keep-alive connections after 5 s; pooling ours for less than
+        # that means we never send a request on a connection the engine is closing at that moment.
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, keepalive_timeout=ENGINE_KEEPALIVE_S)
+        self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         if self.cfg.log_path is not None:
             self.cfg.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log = self.cfg.log_path.open("a")
@@ -333,7 +340,7 @@ class Proxy:
     ) -> web.StreamResponse:
         assert self._session is not None and f.decode_id is not None
         url = self._urls[f.decode_id] + path
-        timeout = aiohttp.ClientTimeout(total=None, sock_read=self.cfg.stall_timeout_s)
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=self._silence_bound_s(body, f))
         try:
             async with self._session.post(
                 url, json=pd.decode_body(body, kv), headers=self._headers(f), timeout=timeout
@@ -347,6 +354,16 @@ class Proxy:
                 return await self._relay_stream(request, r, f, pd.client_wants_usage(body))
         except (aiohttp.ClientError, TimeoutError) as e:
             raise _Failed(f.decode_id, "decode", f"{type(e).__name__}: {e}") from e
+
+    def _silence_bound_s(self, body: dict[str, Any], f: _Flight) -> float:
+        """How long the decode engine may stay silent before it counts as stalled. A stream sends a token
+        every step; a JSON answer says nothing until the last one, so its bound grows with the tokens asked
+        for, priced at SLOW_STEPS_PER_TOKEN calibrated decode steps each (a full batch, a long context)."""
+        if body.get("stream"):
+            return self.cfg.stall_timeout_s
+        limit = body.get("max_tokens") or body.get("max_completion_tokens")
+        tokens = limit if isinstance(limit, int) else self.cfg.cluster.max_model_len - f.prompt_tokens
+        return self.cfg.stall_timeout_s + tokens * SLOW_STEPS_PER_TOKEN * self.cfg.calibration.tau_dec_s
 
     async def _relay_json(self, r: aiohttp.ClientResponse, f: _Flight) -> web.Response:
         payload = await r.read()
