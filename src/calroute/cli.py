@@ -294,12 +294,15 @@ def profile_cmd(
 @app.command()
 def demo(
     out_dir: Annotated[Path, typer.Option("--out", help="where the report goes")] = Path("out/demo"),
+    seeds: Annotated[int, typer.Option(help="arrival traces run live (the simulator always runs 3)")] = 1,
 ) -> None:
     """The main job: a calibrated 2P+4D emulated cluster, the four policies live through the proxy."""
     from calroute.demo import run_demo
 
     try:
-        run_demo(out_dir)
+        if not 1 <= seeds <= 10:
+            raise ConfigError(f"--seeds must be in [1, 10], got {seeds}")
+        run_demo(out_dir, seeds)
     except CalrouteError as e:
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from e

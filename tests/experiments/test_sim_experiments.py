@@ -53,3 +53,37 @@ def test_a_killed_experiment_resumes_and_the_report_assembles(tmp_path: Path) ->
     report = write_report(tmp_path).read_text()
     assert "Decode-pool width" in report and "Extreme scarcity" in report
     assert "calroute experiment width --backend sim --quick" in report
+
+
+def test_the_command_takes_requests_and_seeds(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from calroute.cli import app
+
+    res = CliRunner().invoke(
+        app,
+        ["experiment", "scarcity", "--quick", "--requests", "150", "--seeds", "2", "--out", str(tmp_path)],
+    )
+    assert res.exit_code == 0, res.output
+    (cell,) = json.loads((tmp_path / "sim" / "scarcity" / "results.json").read_text())
+    assert sorted({r["seed"] for r in cell["runs"]}) == [0, 1]
+    assert all(r["summary"]["requests"] == 150 for r in cell["runs"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--time-scale", "0.5"], "live backends only"),
+        (["--saturation", "sim"], "live backends only"),
+        (["--requests", "0"], "--requests and --seeds must be >= 1"),
+        (["--backend", "vllm", "--time-scale", "0.5"], "emulated engines only"),
+        (["--backend", "emulated", "--saturation", "guess"], "--saturation must be live or sim"),
+    ],
+)
+def test_the_command_names_a_bad_option(args: list[str], message: str, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from calroute.cli import app
+
+    res = CliRunner().invoke(app, ["experiment", "scarcity", "--out", str(tmp_path), *args])
+    assert res.exit_code == 2 and message in res.output.replace("\n", " "), res.output

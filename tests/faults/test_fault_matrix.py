@@ -51,14 +51,18 @@ def wait_for(cond: Callable[[], bool], timeout_s: float = 10.0) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.parametrize("error_status", [500, 503])
 @pytest.mark.parametrize("error_rate_on", ["prefill", "decode"])
-def test_an_engine_answering_500_is_retried_elsewhere(
-    fresh_cluster: Callable[..., ClusterFile], proxy_for: Callable[..., RunningProxy], error_rate_on: str
+def test_an_engine_answering_5xx_is_retried_elsewhere(
+    fresh_cluster: Callable[..., ClusterFile],
+    proxy_for: Callable[..., RunningProxy],
+    error_rate_on: str,
+    error_status: int,
 ) -> None:
     c = fresh_cluster()
     p = proxy_for(c, policy="round_robin", **FAST)
     bad = (c.prefill if error_rate_on == "prefill" else c.decode)[0]
-    fault(bad.url, error_rate=1.0)
+    fault(bad.url, error_rate=1.0, error_status=error_status)
     for _ in range(6):
         assert request(f"{p.url}/v1/completions", body())[0] == 200
     recs = one_record_each(p, 6)

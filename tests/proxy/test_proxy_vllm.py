@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,6 +12,7 @@ import pytest
 
 from calroute.cluster import ClusterFile
 from calroute.engines import launch, vllm
+from calroute.engines.procs import stop_process_group
 from calroute.proxy.app import ProxyConfig
 from calroute.records import read_records
 from calroute.types import RequestStatus
@@ -68,3 +72,54 @@ def test_proxy_on_real_vllm(real_cluster: ClusterFile, tmp_path: Path) -> None:
     assert [r.status for r in recs] == [RequestStatus.OK] * 3
     assert all(r.prefill_id == "prefill-0" and r.decode_id == "decode-0" for r in recs)
     assert all(r.first_token_s is not None and r.prefill_done_s is not None for r in recs)
+
+
+# The subset of the fault matrix (docs/faults.md) real engines can show. They run last: the second one kills
+# the module's decode engine.
+
+
+@pytest.mark.faults
+def test_a_real_engine_4xx_goes_back_to_the_client_and_the_engine_stays_in(
+    real_cluster: ClusterFile, tmp_path: Path
+) -> None:
+    c = real_cluster
+    too_long = {"model": c.model, "prompt": PROMPT * 12, "max_tokens": 4}  # ~3,000 tokens, max_model_len 2048
+    with RunningProxy(ProxyConfig(cluster=c, calibration=CAL, log_path=tmp_path / "log.jsonl")) as p:
+        status, out = request(f"{p.url}/v1/completions", too_long)
+        assert status == 400 and "error" in out, out
+        assert all(p.proxy.signals.healthy[e.id] for e in c.engines)
+        ok = {"model": c.model, "prompt": "hello", "max_tokens": 4, "ignore_eos": True}
+        assert request(f"{p.url}/v1/completions", ok)[0] == 200
+    recs = list(read_records(tmp_path / "log.jsonl"))
+    assert [r.status for r in recs] == [RequestStatus.REJECTED, RequestStatus.OK]
+
+
+@pytest.mark.faults
+def test_a_real_decode_engine_killed_mid_stream(real_cluster: ClusterFile, tmp_path: Path) -> None:
+    c = real_cluster
+    body = {"model": c.model, "prompt": PROMPT, "max_tokens": 1500, "ignore_eos": True, "stream": True}
+    cfg = ProxyConfig(cluster=c, calibration=CAL, log_path=tmp_path / "log.jsonl", stall_timeout_s=5.0)
+    with RunningProxy(cfg) as p:
+        req = urllib.request.Request(
+            f"{p.url}/v1/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=60) as r:
+            first = r.readline()
+            stop_process_group(c.pgids[1])  # decode-0
+            text = (first + r.read()).decode()
+        # vLLM's API server, as its engine core dies, sends the error event itself; either way the stream
+        # ends with an error event and [DONE], never a silent cut
+        assert '"error"' in text and text.rstrip().endswith("data: [DONE]"), text[-500:]
+        deadline = time.monotonic() + 15
+        while p.proxy.signals.healthy["decode-0"]:  # the health probe takes it out
+            assert time.monotonic() < deadline, "decode-0 still in routing"
+            time.sleep(0.1)
+        # no decode engine left: tried anyway (panic mode), then a clear 502 rather than a hang
+        status, out = request(
+            f"{p.url}/v1/completions", {**body, "stream": False, "max_tokens": 4}, timeout_s=60
+        )
+        assert status == 502 and "error" in out, out
+    recs = list(read_records(tmp_path / "log.jsonl"))
+    assert [r.status for r in recs] == [RequestStatus.FAILED, RequestStatus.FAILED]

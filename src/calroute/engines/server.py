@@ -31,7 +31,8 @@ logger = logging.getLogger(__name__)
 class Faults:
     """Faults an engine can be told to show (all off by default)."""
 
-    error_rate: float = 0.0  # fraction of completion requests answered with HTTP 500
+    error_rate: float = 0.0  # fraction of completion requests answered with HTTP error_status
+    error_status: int = 500  # 500 (an engine bug) or 503 (vLLM's answer when the engine core is dead)
     stall: bool = False  # accept completion requests and never answer
     slowdown: float = 1.0  # every iteration takes this many times longer
     refuse_kv_pulls: bool = False  # the prefill side refuses decode engines' pulls
@@ -40,6 +41,10 @@ class Faults:
     def validate(self) -> None:
         if not 0.0 <= self.error_rate <= 1.0:
             raise api.ApiError(400, f"error_rate must be in [0, 1], got {self.error_rate}", "error_rate")
+        if self.error_status not in (500, 502, 503, 504):
+            raise api.ApiError(
+                400, f"error_status must be a 5xx server error, got {self.error_status}", "error_status"
+            )
         if self.slowdown < 1.0:
             raise api.ApiError(400, f"slowdown must be >= 1, got {self.slowdown}", "slowdown")
 
@@ -124,9 +129,9 @@ class EngineServer:
         if self.faults.stall:
             await asyncio.Event().wait()  # never answers; cancelled when the client goes away
         if self.faults.error_rate and self._rng.random() < self.faults.error_rate:
-            return _error(
-                api.ApiError(500, "injected fault: internal server error", None, "InternalServerError")
-            )
+            status = self.faults.error_status
+            kind = "ServiceUnavailableError" if status == 503 else "InternalServerError"
+            return _error(api.ApiError(status, f"injected fault: HTTP {status}", None, kind))
         request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         kv = p.kv_transfer_params or {}
         pull = kv if kv.get("do_remote_prefill") else None

@@ -82,3 +82,6 @@ class CellResult:
 
     def labels(self) -> list[str]:
         return list(dict.fromkeys(r.label for r in self.runs))
+
+    def seeds(self) -> list[int]:
+        return sorted({r.seed for r in self.runs})

@@ -15,6 +15,7 @@ from pathlib import Path
 from calroute.cluster import ClusterFile
 from calroute.costmodel.calibration import Calibration
 from calroute.engines import launch
+from calroute.errors import ConfigError
 from calroute.experiments.cells import Cell, Run, Variant
 from calroute.harness.gates import require_gates
 from calroute.harness.live import LiveSetup, run_variant
@@ -43,6 +44,10 @@ class LiveBackend:
     progress: Callable[[str], None] = lambda msg: None
     fixed: LiveSetup | None = None  # `calroute run`: a cluster that is already up
     quick: bool = False  # a shorter calibration and a coarser saturation search
+    time_scale: float = 1.0  # emulated engines: every modelled duration times this
+    # "live": probe rates on the cluster; "sim": the simulator calibrated to the cluster finds it (minutes
+    # faster; live and simulated saturation differ, so the report says which was used)
+    saturation: str = "live"
     _shape: tuple[int, int] | None = None
     _launched: launch.LaunchedCluster | None = None
     _setup: LiveSetup | None = None
@@ -57,7 +62,9 @@ class LiveBackend:
         shape_dir = self.work_dir / f"{prefill}P{decode}D"
         self.progress(f"{self.name}: bringing up {prefill}P+{decode}D")
         if self.name == "emulated":
-            self._launched = launch.up_emulated(prefill, decode, shape_dir / "logs")
+            self._launched = launch.up_emulated(
+                prefill, decode, shape_dir / "logs", time_scale=self.time_scale
+            )
         else:
             self._launched = launch.up_vllm(prefill, decode, shape_dir / "logs", repo_root=REPO)
         cluster = self._launched.file
@@ -96,6 +103,15 @@ class LiveBackend:
 
     def saturation_rate(self, prefill: int, decode: int, workload: str, requests: int) -> float:
         setup = self.setup_for(prefill, decode)
+        if self.saturation == "sim":
+            from calroute.costmodel.profiles import profile_from_calibration
+            from calroute.experiments.backends import SimBackend
+
+            rate = SimBackend(profile_from_calibration(setup.calibration)).saturation_rate(
+                prefill, decode, workload, requests
+            )
+            self.progress(f"  saturation on the simulator calibrated to this cluster: {rate:.2f} req/s")
+            return rate
         probes_dir = self.work_dir / f"{prefill}P{decode}D" / f"saturation-{workload}"
 
         def measure(rate: float) -> float:
@@ -138,6 +154,17 @@ class LiveBackend:
 
 
 def live_backend(
-    kind: str, work_dir: Path, progress: Callable[[str], None] = lambda msg: None, quick: bool = False
+    kind: str,
+    work_dir: Path,
+    progress: Callable[[str], None] = lambda msg: None,
+    quick: bool = False,
+    time_scale: float = 1.0,
+    saturation: str = "live",
 ) -> LiveBackend:
-    return LiveBackend(kind, work_dir, progress, quick=quick)
+    if kind != "emulated" and time_scale != 1.0:
+        raise ConfigError(f"--time-scale applies to emulated engines only, not {kind}")
+    if time_scale <= 0:
+        raise ConfigError(f"--time-scale must be > 0, got {time_scale:g}")
+    if saturation not in ("live", "sim"):
+        raise ConfigError(f"--saturation must be live or sim, got {saturation!r}")
+    return LiveBackend(kind, work_dir, progress, quick=quick, time_scale=time_scale, saturation=saturation)
