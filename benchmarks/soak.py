@@ -5,8 +5,9 @@ in its own process with a request log, and the open-loop load generator at the g
 through: an engine answering 500s, a stalled decode engine, a decode engine killed (and restarted 10 s
 later on its port), /metrics gone; each lasts 10 s. Reported: requests offered, completed, failed by
 reason, lost (offered without a terminal record at the client, or at the proxy: must be 0), the proxy's
-memory at the start and the end, its TCP sockets by state at the end (CLOSE_WAIT means a leak), and how
-many sockets 30 sequential requests add afterwards (a pool adds none). Exit status 1 when anything is lost.
+memory at the start, every tenth of the run and at the end, its TCP sockets by state at the end
+(CLOSE_WAIT means a leak), and how many sockets 30 sequential requests add afterwards (a pool adds none).
+Exit status 1 when anything is lost.
 The default rate, 10 req/s of mixed-bursty traffic, is about round-robin's saturation point on 2P+4D.
 Usage: python benchmarks/soak.py [--duration-s 600] [--rate 10] [--fault-every-s 30] [--json]
 """
@@ -74,6 +75,21 @@ def _sockets_by_state(pid: int) -> dict[str, int]:
             if cols[9] in inodes:
                 states[_TCP_STATES.get(cols[3], cols[3])] += 1
     return dict(states)
+
+
+class RssSampler(threading.Thread):
+    """The proxy's RSS every `every_s`: a leak grows for the whole run, a warming allocator levels off."""
+
+    def __init__(self, pid: int, every_s: float, stop: threading.Event) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.every_s, self.stop_event = pid, every_s, stop
+        self.samples_kb: list[int] = []
+        self.sockets: list[int] = []  # beside it: the connection pool grows with the largest burst so far
+
+    def run(self) -> None:
+        while not self.stop_event.wait(self.every_s):
+            self.samples_kb.append(_rss_kb(self.pid))
+            self.sockets.append(sum(_sockets_by_state(self.pid).values()))
 
 
 def _probe_growth(proxy_url: str, model: str, n: int, pid: int) -> int:
@@ -196,6 +212,8 @@ def main() -> None:
                 r for r in generate_family("mixed-bursty", args.rate, n, 0) if r.arrival_s < args.duration_s
             ]
             schedule.start()
+            rss = RssSampler(proxy.pid, max(5.0, args.duration_s / 10), stop)
+            rss.start()
             result = aio.run(drive(f"http://127.0.0.1:{port}", reqs, cluster.model, timeout_s=120.0))
             stop.set()
             schedule.join(30)
@@ -230,6 +248,8 @@ def main() -> None:
             "lost": lost,
             "proxy_rss_kb_start": rss_start,
             "proxy_rss_kb_end": rss_end,
+            "proxy_rss_kb_series": rss.samples_kb,
+            "proxy_sockets_series": rss.sockets,
             "proxy_sockets_end": sockets,
             "proxy_socket_growth_over_probe": growth,
             "probe_requests": PROBE_REQUESTS,

@@ -106,35 +106,56 @@ def test_random_is_roughly_uniform_and_seeded(calibration: Calibration) -> None:
 # marginal_cost ----------------------------------------------------------------------------------------
 
 
+PAPER = {"w_b_dec": 1.0}  # the paper's decode price: the backlog weighted like prefill's
+
+
 @pytest.mark.parametrize(
-    ("decode", "adm", "want"),
+    ("decode", "adm", "params", "want"),
     [
-        # less committed backlog wins
-        ([{"backlog_s": 2.0}, {"backlog_s": 0.5}], {}, "decode-1"),
+        # a decode engine batches continuously: its backlog is no queue, the in-flight tie-breaker decides
+        ([{"backlog_s": 0.0, "in_flight": 2}, {"backlog_s": 2.0, "in_flight": 1}], {}, {}, "decode-1"),
+        # the paper's price: less committed backlog wins
+        ([{"backlog_s": 0.0, "in_flight": 2}, {"backlog_s": 2.0, "in_flight": 1}], {}, PAPER, "decode-0"),
+        ([{"backlog_s": 2.0}, {"backlog_s": 0.5}], {}, PAPER, "decode-1"),
         # equal backlog: lower post-admission KV pressure wins
-        ([{"kv_used_tokens": 50_000}, {"kv_used_tokens": 1_000}], {}, "decode-1"),
+        ([{"kv_used_tokens": 50_000}, {"kv_used_tokens": 1_000}], {}, {}, "decode-1"),
         # the ledger's committed footprint counts when the sampled usage is stale and low
-        ([{"kv_committed_tokens": 55_000}, {"kv_used_tokens": 20_000}], {}, "decode-1"),
-        # a long request pays pressure more than a small backlog difference
+        ([{"kv_committed_tokens": 55_000}, {"kv_used_tokens": 20_000}], {}, {}, "decode-1"),
+        # the paper's price: a long request pays pressure more than a small backlog difference
         (
             [{"backlog_s": 0.0, "kv_used_tokens": 55_000}, {"backlog_s": 0.3, "kv_used_tokens": 0}],
             {"predicted_output_tokens": 2000},
+            PAPER,
             "decode-1",
         ),
         # ...but a short one takes the emptier queue
         (
             [{"backlog_s": 0.0, "kv_used_tokens": 55_000}, {"backlog_s": 0.3, "kv_used_tokens": 0}],
             {"predicted_output_tokens": 4},
+            PAPER,
             "decode-0",
         ),
+        # ours: the short one too goes where the KV is free
+        (
+            [{"backlog_s": 0.0, "kv_used_tokens": 55_000}, {"backlog_s": 0.3, "kv_used_tokens": 0}],
+            {"predicted_output_tokens": 4},
+            {},
+            "decode-1",
+        ),
         # all equal: the in-flight tie-breaker
-        ([{"in_flight": 2}, {"in_flight": 1}], {}, "decode-1"),
+        ([{"in_flight": 2}, {"in_flight": 1}], {}, {}, "decode-1"),
     ],
 )
 def test_marginal_cost_decode(
-    decode: list[dict[str, Any]], adm: dict[str, Any], want: str, calibration: Calibration
+    decode: list[dict[str, Any]],
+    adm: dict[str, Any],
+    params: dict[str, Any],
+    want: str,
+    calibration: Calibration,
 ) -> None:
-    d = make_policy("marginal_cost", {}, calibration).route(make_admission(**adm), make_view(decode=decode))
+    d = make_policy("marginal_cost", params, calibration).route(
+        make_admission(**adm), make_view(decode=decode)
+    )
     assert d.decode_id == want
     assert len(d.decode_scores) == len(decode)
     assert min(d.decode_scores) == d.decode_scores[int(want[-1])]
@@ -149,25 +170,30 @@ def test_marginal_cost_prefill_prefers_less_backlog(calibration: Calibration) ->
 
 def test_marginal_cost_weights_are_honoured(calibration: Calibration) -> None:
     view = make_view(decode=[{"backlog_s": 0.0, "in_flight": 5}, {"backlog_s": 0.05, "in_flight": 0}])
-    assert make_policy("marginal_cost", {}, calibration).route(make_admission(), view).decode_id == "decode-0"
+    assert (
+        make_policy("marginal_cost", PAPER, calibration).route(make_admission(), view).decode_id == "decode-0"
+    )
     # with backlog ignored and queue counting dominant, the decision flips
-    queue_only = make_policy("marginal_cost", {"w_b": 0, "w_q": 1}, calibration)
+    queue_only = make_policy("marginal_cost", {"w_b": 0, "w_b_dec": 0, "w_q": 1}, calibration)
     assert queue_only.route(make_admission(), view).decode_id == "decode-1"
 
 
 def test_marginal_cost_mispriced_tau_changes_the_decision(calibration: Calibration) -> None:
-    """The size term is priced with tau and the backlog is observed: a wrong tau re-weights them."""
+    """The size term is priced with tau and the backlog is observed: a wrong tau re-weights them (on decode
+    instances only with the paper's decode backlog; prefill instances always have one)."""
     view = make_view(decode=[{"backlog_s": 0.0, "kv_used_tokens": 40_000}, {"backlog_s": 5.0}])
     adm = make_admission(predicted_output_tokens=1500)
-    right = make_policy("marginal_cost", {}, calibration)
-    too_cheap = make_policy("marginal_cost", {}, replace(calibration, tau_dec_s=calibration.tau_dec_s / 7.4))
+    right = make_policy("marginal_cost", PAPER, calibration)
+    too_cheap = make_policy(
+        "marginal_cost", PAPER, replace(calibration, tau_dec_s=calibration.tau_dec_s / 7.4)
+    )
     assert right.route(adm, view).decode_id == "decode-1"
     assert too_cheap.route(adm, view).decode_id == "decode-0"
 
 
 def test_marginal_cost_sigma_scales_load_terms_not_the_tiebreak(calibration: Calibration) -> None:
     view = make_view(decode=[{"backlog_s": 0.010, "in_flight": 0}, {"backlog_s": 0.0, "in_flight": 12}])
-    policy = make_policy("marginal_cost", {"sigma_tight": 4.0}, calibration)
+    policy = make_policy("marginal_cost", {"sigma_tight": 4.0, **PAPER}, calibration)
     assert policy.route(make_admission(slo_class=SloClass.LOOSE), view).decode_id == "decode-0"
     assert policy.route(make_admission(slo_class=SloClass.TIGHT), view).decode_id == "decode-1"
 
@@ -176,16 +202,22 @@ def test_marginal_cost_sigma_scales_load_terms_not_the_tiebreak(calibration: Cal
     ("params", "adm", "decode", "want"),
     [
         # with output length, a long request avoids KV pressure; without it, it is priced as a short one
-        ({}, {"predicted_output_tokens": 3000}, [{"kv_used_tokens": 50_000}, {"backlog_s": 2.0}], "decode-1"),
+        # (which the paper's decode backlog then sends to the fuller engine)
         (
-            {"use_output_length": False, "fallback_output_tokens": 16},
+            PAPER,
+            {"predicted_output_tokens": 3000},
+            [{"kv_used_tokens": 50_000}, {"backlog_s": 2.0}],
+            "decode-1",
+        ),
+        (
+            {"use_output_length": False, "fallback_output_tokens": 16, **PAPER},
             {"predicted_output_tokens": 3000},
             [{"kv_used_tokens": 50_000}, {"backlog_s": 2.0}],
             "decode-0",
         ),
         # without KV pressure the fuller engine is as cheap as the empty one: backlog decides
         (
-            {"use_kv_pressure": False},
+            {"use_kv_pressure": False, **PAPER},
             {"predicted_output_tokens": 3000},
             [{"kv_used_tokens": 50_000}, {"backlog_s": 2.0}],
             "decode-0",

@@ -6,6 +6,7 @@ from calroute.errors import ConfigError
 from calroute.experiments.ablation import Ablation
 from calroute.experiments.base import Experiment
 from calroute.experiments.calibration import CalibrationValue
+from calroute.experiments.failure_regions import FailureRegions
 from calroute.experiments.fidelity import Fidelity
 from calroute.experiments.frontier import Frontier
 from calroute.experiments.heterogeneity import Heterogeneity
@@ -25,6 +26,7 @@ EXPERIMENTS: dict[str, Experiment] = {
         Frontier(),
         Ablation(),
         Noise(),
+        FailureRegions(),
         Fidelity(),
     )
 }
