@@ -11,6 +11,7 @@ from calroute.experiments.cells import CellResult
 
 def write_report(directory: Path) -> Path:
     from calroute.experiments import EXPERIMENTS
+    from calroute.experiments.runner import scale_for
 
     if not directory.is_dir():
         raise ConfigError(f"no results directory {directory}")
@@ -24,6 +25,15 @@ def write_report(directory: Path) -> Path:
         manifest = json.loads((exp_dir / "manifest.json").read_text())
         backend = manifest["backend"]
         command = f"calroute experiment {name} --backend {backend}{' --quick' if manifest['quick'] else ''}"
+        default = scale_for(backend, manifest["quick"])
+        if manifest["scale"]["requests"] != default.requests:
+            command += f" --requests {manifest['scale']['requests']}"
+        if len(manifest["scale"]["seeds"]) != len(default.seeds):
+            command += f" --seeds {len(manifest['scale']['seeds'])}"
+        if manifest.get("time_scale", 1.0) != 1.0:
+            command += f" --time-scale {manifest['time_scale']:g}"
+        if manifest.get("saturation", "live") != "live":
+            command += f" --saturation {manifest['saturation']}"
         sections.append(
             exp.report(results, exp_dir)
             + f"\nCommand: `{command} --out {directory.parent}`; commit {manifest.get('git_commit') or '-'}; "
