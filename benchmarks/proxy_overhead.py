@@ -86,6 +86,7 @@ from calroute import aio
 from calroute.engines.launch import LaunchedCluster, up_emulated
 from calroute.engines.procs import free_port, start_process_group, stop_process_group, wait_http_ready
 from calroute.engines.tokens import text_of_tokens
+from calroute.proxy.pd import PREFILL_KV_PARAMS
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH_VENV = REPO / ".venv-bench"
@@ -111,15 +112,6 @@ MAX_REDO = 3
 MODES = ("direct", "calroute", "vllm-router")
 PARTS = ("engines", "proxy", "client", "others")
 T = TypeVar("T")
-
-PREFILL_KV_PARAMS: dict[str, Any] = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
-}
 
 
 # ---- the client ---------------------------------------------------------------------------------------
