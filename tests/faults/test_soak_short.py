@@ -41,4 +41,6 @@ def test_short_soak_loses_nothing() -> None:
     assert len(report["faults"]) >= 3
     assert report["client_records"].get("ok", 0) >= 0.8 * report["offered"]
     assert report["proxy_sockets_end"].get("close_wait", 0) == 0
-    assert report["proxy_socket_growth_over_probe"] <= 4
+    # the idle pool may have expired before the probe: one new connection per engine (2P+4D) at most; a leak
+    # would add one or two per request (30 requests)
+    assert report["proxy_socket_growth_over_probe"] <= 6
