@@ -6,7 +6,8 @@ through: an engine answering 500s, a stalled decode engine, a decode engine kill
 later on its port), /metrics gone; each lasts 10 s. Reported: requests offered, completed, failed by
 reason, lost (offered without a terminal record at the client, or at the proxy: must be 0), the proxy's
 memory at the start, every tenth of the run and at the end, its TCP sockets by state at the end
-(CLOSE_WAIT means a leak), and how many sockets 30 sequential requests add afterwards (a pool adds none).
+(CLOSE_WAIT means a leak), and how many sockets 30 sequential requests add afterwards (a pool: at most one
+per engine, if it expired while idle; a leak: one or two per request).
 Exit status 1 when anything is lost.
 The default rate, 10 req/s of mixed-bursty traffic, is about round-robin's saturation point on 2P+4D.
 Usage: python benchmarks/soak.py [--duration-s 600] [--rate 10] [--fault-every-s 30] [--json]
