@@ -72,6 +72,9 @@ async def prefill_params(
 # Single-shot latencies run at time scale 2, so a few ms of scheduling jitter stay within the tolerance.
 
 
+PULL_ROUND_TRIP_S = 0.02
+
+
 def close(measured: float, modelled: float) -> bool:
     return abs(measured - modelled) <= 0.10 * modelled + 0.005
 
@@ -90,7 +93,10 @@ def test_unloaded_prefill_and_decode_follow_the_profile() -> None:
         tpot = (times[-1] - times[0]) / (len(times) - 1)
         # prompt is 1,025 tokens with the BOS
         assert close(prefill_s, scale * cal.prefill.single_s(1025)), prefill_s
-        assert close(ttft, scale * (cal.transfer_s(1025) + cal.decode.step_s(1, 1025))), ttft
+        # the decode TTFT also holds the KV pull's round trip on the side channel, which no profile models
+        # (2-3 ms on an idle machine, 10-13 ms on a busy CI one): a wider absolute allowance for it alone
+        modelled_ttft = scale * (cal.transfer_s(1025) + cal.decode.step_s(1, 1025))
+        assert modelled_ttft * 0.9 <= ttft <= modelled_ttft * 1.1 + PULL_ROUND_TRIP_S, ttft
         mean_step = statistics.fmean(cal.decode.step_s(1, 1025 + k) for k in range(1, 40))
         assert close(tpot, scale * mean_step), (tpot, mean_step)
 
