@@ -13,7 +13,8 @@ from calroute.engines import launch, vllm
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="session", params=["emulated", "vllm"])
+# Module scope: idle vLLM CPU engines keep about a core busy, which would skew every timing test after them.
+@pytest.fixture(scope="module", params=["emulated", "vllm"])
 def cluster(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ClusterFile]:
