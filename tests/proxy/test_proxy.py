@@ -261,7 +261,10 @@ def test_a_client_that_disconnects_mid_stream_frees_the_engine(
     wait_for(lambda: metric(c.decode[0].url, "vllm:num_requests_running") == 0)
     wait_for(lambda: len(records(p)) == 1)
     (rec,) = records(p)
-    assert rec.status is RequestStatus.CANCELLED
+    assert rec.status is RequestStatus.CANCELLED and rec.error == "client disconnected"
+    # the client left; the engine did nothing wrong: no engine error counted, still in routing
+    assert p.proxy.metrics.engine_errors.labels("decode-0")._value.get() == 0
+    assert p.proxy.signals.healthy["decode-0"]
 
 
 def test_engine_api_key_is_sent_but_never_logged(

@@ -15,6 +15,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -73,6 +74,12 @@ class ProxyConfig:
             raise ConfigError("the oracle predictor needs the true output length: simulator only")
         if self.max_attempts < 1:
             raise ConfigError(f"max_attempts must be >= 1, got {self.max_attempts}")
+
+
+class _ClientGone(ConnectionResetError):
+    """The client went away mid-stream: its record is written and the engine is not at fault. A
+    ConnectionResetError, which aiohttp's server takes as a premature disconnect and leaves quiet; not an
+    aiohttp.ClientError, so no engine-failure path catches it."""
 
 
 class _Failed(Exception):
@@ -393,61 +400,86 @@ class Proxy:
     ) -> web.StreamResponse:
         """Relay the decode engine's SSE as it comes, whole reads at a time (one write per read, not per
         line), watching only for what the router needs: the first content event, the usage event (kept only
-        if the client asked for it) and an error event."""
+        if the client asked for it) and an error event.
+
+        Two sides can fail here and they mean different things: a read from the engine that breaks is the
+        engine's fault (out of routing); a write to the client that breaks is the client leaving (the engine
+        is fine). The record is written before the stream's end goes out, so a client that has seen the
+        whole answer can already find its record."""
         resp: web.StreamResponse | None = None
         error: str | None = None
         pending = b""  # an event split across reads
-        try:
-            async for chunk in r.content.iter_any():
+        chunks = r.content.iter_any()
+        while True:
+            try:
+                chunk = await chunks.__anext__()
+            except StopAsyncIteration:
+                break
+            except (aiohttp.ClientError, TimeoutError) as e:
                 if resp is None:
-                    resp = web.StreamResponse(
-                        status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-                    )
-                    await resp.prepare(request)
-                data = pending + chunk
-                cut = data.rfind(b"\n\n") + 2
-                if cut < 2:
-                    pending = data
-                    continue
-                events, pending = data[:cut], data[cut:]
-                if b'"choices":[{' in events:
-                    now = self.now()
-                    if f.first_token_s is None:
-                        f.first_token_s = now
-                        self.router.first_token(f.request_id, now)
-                    f.last_token_s = now
-                usage_at = events.find(b'"choices":[]')
-                if usage_at >= 0:
-                    start = events.rfind(b"data: ", 0, usage_at)
-                    end = events.find(b"\n\n", usage_at) + 2
-                    try:
-                        f.output_tokens = int(
-                            json.loads(events[start + 6 : end])["usage"]["completion_tokens"]
-                        )
-                    except (ValueError, KeyError, TypeError):
-                        pass
-                    if not client_wants_usage:
-                        events = events[:start] + events[end:]
-                error_at = events.find(b'data: {"error"')
-                if error_at >= 0:
-                    error = events[error_at + 6 : error_at + 306].split(b"\n", 1)[0].decode(errors="replace")
-                if events:
-                    await resp.write(events)
-            if pending and resp is not None:
-                await resp.write(pending)
-        except (aiohttp.ClientError, TimeoutError) as e:
+                    raise  # nothing reached the client yet: the caller retries elsewhere
+                error = f"decode engine {f.decode_id} broke off the stream: {type(e).__name__}"
+                self.signals.mark_failed(f.decode_id or "", error)
+                self.metrics.engine_errors.labels(f.decode_id or "").inc()
+                body = {"error": {"message": error, "type": "BadGateway", "param": None, "code": 502}}
+                pending = f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode()
+                break
             if resp is None:
-                raise  # nothing reached the client yet: the caller retries elsewhere
-            error = f"decode engine {f.decode_id} broke off the stream: {type(e).__name__}"
-            self.signals.mark_failed(f.decode_id or "", error)
-            self.metrics.engine_errors.labels(f.decode_id or "").inc()
-            body = {"error": {"message": error, "type": "BadGateway", "param": None, "code": 502}}
-            await resp.write(f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode())
+                resp = web.StreamResponse(
+                    status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+                )
+                await self._to_client(f, resp.prepare(request))
+            data = pending + chunk
+            cut = data.rfind(b"\n\n") + 2
+            if cut < 2:
+                pending = data
+                continue
+            events, pending = data[:cut], data[cut:]
+            events, error = self._watch(events, f, client_wants_usage, error)
+            if events:
+                await self._to_client(f, resp.write(events))
         if resp is None:
             raise _Failed(f.decode_id or "", "decode", "empty response")
-        await resp.write_eof()
+        if pending:
+            await self._to_client(f, resp.write(pending))
         self._finish(f, RequestStatus.FAILED if error else RequestStatus.OK, error)
+        try:
+            await resp.write_eof()
+        except ConnectionError:
+            pass  # the client left after the last byte was written: the record stands
         return resp
+
+    def _watch(
+        self, events: bytes, f: _Flight, client_wants_usage: bool, error: str | None
+    ) -> tuple[bytes, str | None]:
+        """Note what the router needs from whole SSE events; drop the usage event unless it was asked for."""
+        if b'"choices":[{' in events:
+            now = self.now()
+            if f.first_token_s is None:
+                f.first_token_s = now
+                self.router.first_token(f.request_id, now)
+            f.last_token_s = now
+        usage_at = events.find(b'"choices":[]')
+        if usage_at >= 0:
+            start = events.rfind(b"data: ", 0, usage_at)
+            end = events.find(b"\n\n", usage_at) + 2
+            try:
+                f.output_tokens = int(json.loads(events[start + 6 : end])["usage"]["completion_tokens"])
+            except (ValueError, KeyError, TypeError):
+                pass
+            if not client_wants_usage:
+                events = events[:start] + events[end:]
+        error_at = events.find(b'data: {"error"')
+        if error_at >= 0:
+            error = events[error_at + 6 : error_at + 306].split(b"\n", 1)[0].decode(errors="replace")
+        return events, error
+
+    async def _to_client(self, f: _Flight, write: Awaitable[Any]) -> None:
+        try:
+            await write
+        except ConnectionError as e:  # aiohttp's ClientConnectionResetError is one too
+            self._finish(f, RequestStatus.CANCELLED, "client disconnected")
+            raise _ClientGone from e
 
     # ---- bookkeeping --------------------------------------------------------------------------------
 
