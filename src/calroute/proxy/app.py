@@ -152,7 +152,6 @@ class Proxy:
         self.prompt_length = PromptLength()
         self._urls = {e.id: e.url for e in cfg.cluster.engines}
         self._session: aiohttp.ClientSession | None = None
-        self._signals_session: aiohttp.ClientSession | None = None
         self._log: IO[str] | None = None
         self._writer: RecordWriter | None = None
         self._decision_stream: IO[str] | None = None
@@ -194,15 +193,9 @@ class Proxy:
         # vLLM's API server (uvicorn) drops idle keep-alive connections after 5 s; pooling ours for less than
         # that means we never send a request on a connection the engine is closing at that moment.
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, keepalive_timeout=ENGINE_KEEPALIVE_S)
+        # Client traffic only: the polls and probes keep connections of their own (signals.py), since a
+        # pool shared with a 20 Hz poll never lets the connections of a past burst expire.
         self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
-        # The 50 ms /metrics poll and the health probes get a pool of their own: aiohttp reuses pooled
-        # connections oldest first, so polls sharing the relay pool would keep every connection a burst ever
-        # opened warm forever (in a 10-minute soak: ~500 sockets and the memory they hold, never returned).
-        self._signals_session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(
-                limit=0, limit_per_host=2, ttl_dns_cache=None, keepalive_timeout=ENGINE_KEEPALIVE_S
-            )
-        )
         if self.cfg.log_path is not None:
             self.cfg.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log = self.cfg.log_path.open("a")
@@ -211,13 +204,12 @@ class Proxy:
             self.cfg.decision_log_path.parent.mkdir(parents=True, exist_ok=True)
             self._decision_stream = self.cfg.decision_log_path.open("a", buffering=1)
             self.router.on_decision = DecisionLog(self._decision_stream)
-        self.signals.start(self._signals_session)
+        self.signals.start()
 
     async def _cleanup(self, app: web.Application) -> None:
         await self.signals.stop()
-        for session in (self._session, self._signals_session):
-            if session is not None:
-                await session.close()
+        if self._session is not None:
+            await self._session.close()
         for stream in (self._log, self._decision_stream):
             if stream is not None:
                 stream.close()

@@ -13,10 +13,9 @@ import logging
 import time
 from collections.abc import Callable
 
-import aiohttp
-
 from calroute.cluster import ClusterEngine
 from calroute.ledger import Ledger
+from calroute.proxy.scrape import ScrapeError, Scraper
 
 logger = logging.getLogger(__name__)
 
@@ -83,10 +82,16 @@ class Signals:
         self.metrics_failures = {e.id: 0 for e in engines}
         self._probe_failures = {e.id: 0 for e in engines}
         self._tasks: list[asyncio.Task[None]] = []
-        self._session: aiohttp.ClientSession | None = None
+        # one kept-alive connection per engine for /metrics and one for /health: a bounded, steady number
+        # of sockets however long the proxy runs
+        self._metrics = {
+            e.id: Scraper(f"{e.url}/metrics", self._headers, max(1.0, 10 * poll_interval_s)) for e in engines
+        }
+        self._health = {
+            e.id: Scraper(f"{e.url}/health", self._headers, max(2.0, health_interval_s)) for e in engines
+        }
 
-    def start(self, session: aiohttp.ClientSession) -> None:
-        self._session = session
+    def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._poll(e)) for e in self.engines]
         self._tasks.append(loop.create_task(self._health_loop()))
@@ -95,6 +100,8 @@ class Signals:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        for scraper in (*self._metrics.values(), *self._health.values()):
+            scraper.close()
 
     def mark_failed(self, engine_id: str, reason: str) -> None:
         if self.healthy.get(engine_id):
@@ -109,15 +116,12 @@ class Signals:
         self.ledger.set_healthy(engine_id, True)
 
     async def _poll(self, engine: ClusterEngine) -> None:
-        assert self._session is not None
-        timeout = aiohttp.ClientTimeout(total=max(1.0, 10 * self.poll_interval_s))
-        url = f"{engine.url}/metrics"
+        scraper = self._metrics[engine.id]
         while True:
             started = time.monotonic()
             try:
-                async with self._session.get(url, timeout=timeout, headers=self._headers) as r:
-                    body = await r.read() if r.status == 200 else b""
-                parsed = parse_vllm_metrics(body) if body else None
+                status, body = await scraper.get()
+                parsed = parse_vllm_metrics(body) if status == 200 else None
                 if parsed is not None:
                     usage, running, waiting = parsed
                     now = self._now()
@@ -128,15 +132,13 @@ class Signals:
                     self.metrics_failures[engine.id] = 0
                 else:
                     self.metrics_failures[engine.id] += 1
-            except (aiohttp.ClientError, TimeoutError):
+            except ScrapeError:
                 self.metrics_failures[engine.id] += 1
             await asyncio.sleep(max(0.0, self.poll_interval_s - (time.monotonic() - started)))
 
     async def _health_loop(self) -> None:
-        assert self._session is not None
-        timeout = aiohttp.ClientTimeout(total=max(2.0, self.health_interval_s))
         while True:
-            results = await asyncio.gather(*(self._probe(e, timeout) for e in self.engines))
+            results = await asyncio.gather(*(self._probe(e) for e in self.engines))
             for e, ok in zip(self.engines, results, strict=True):
                 if ok:
                     self._probe_failures[e.id] = 0
@@ -147,10 +149,9 @@ class Signals:
                         self.mark_failed(e.id, f"{PROBE_FAILURES_TO_MARK} health probes failed")
             await asyncio.sleep(self.health_interval_s)
 
-    async def _probe(self, engine: ClusterEngine, timeout: aiohttp.ClientTimeout) -> bool:
-        assert self._session is not None
+    async def _probe(self, engine: ClusterEngine) -> bool:
         try:
-            async with self._session.get(f"{engine.url}/health", timeout=timeout, headers=self._headers) as r:
-                return r.status == 200
-        except (aiohttp.ClientError, TimeoutError):
+            status, _ = await self._health[engine.id].get()
+        except ScrapeError:
             return False
+        return status == 200
