@@ -50,7 +50,8 @@ def serve(
     """
     from aiohttp import web
 
-    from calroute.proxy.app import Proxy, ProxyConfig
+    from calroute.proxy.app import Proxy
+    from calroute.proxy.config import ProxyConfig
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from calroute.cluster import ClusterFile
 from calroute.engines import launch
-from calroute.proxy.app import ProxyConfig
+from calroute.proxy.config import ProxyConfig
 from calroute.records import read_records
 from tests.proxy.conftest import CAL
 from tests.proxy.harness import RunningProxy

@@ -23,7 +23,7 @@ from calroute.costmodel.profiles import get_profile
 from calroute.engines import launch
 from calroute.harness.loadgen import TOKEN_CONTRACT, LoadResult, drive
 from calroute.metrics import summarize
-from calroute.proxy.app import ProxyConfig
+from calroute.proxy.config import ProxyConfig
 from calroute.records import read_records, record_from_json, record_to_json
 from calroute.types import RequestSpec, RequestStatus, SloClass
 from calroute.workload.families import generate_family

@@ -11,7 +11,7 @@ import pytest
 from calroute.cluster import ClusterFile
 from calroute.costmodel.profiles import get_profile
 from calroute.engines import launch
-from calroute.proxy.app import ProxyConfig
+from calroute.proxy.config import ProxyConfig
 from tests.proxy.harness import RunningProxy
 
 CAL = get_profile("a40-qwen2.5-3b").calibration

@@ -8,7 +8,8 @@ from types import TracebackType
 
 from aiohttp import web
 
-from calroute.proxy.app import Proxy, ProxyConfig
+from calroute.proxy.app import Proxy
+from calroute.proxy.config import ProxyConfig
 
 
 class RunningProxy:

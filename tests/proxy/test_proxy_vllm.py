@@ -13,7 +13,7 @@ import pytest
 from calroute.cluster import ClusterFile
 from calroute.engines import launch, vllm
 from calroute.engines.procs import stop_process_group
-from calroute.proxy.app import ProxyConfig
+from calroute.proxy.config import ProxyConfig
 from calroute.records import read_records
 from calroute.types import RequestStatus
 from tests.engines.http import metric, request, stream

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from calroute.proxy.scrape import Scraper, ScrapeError
+from calroute.proxy.scrape import ScrapeError, Scraper
 
 BODY = b"vllm:num_requests_running 1.0\n" * 40
 
@@ -63,7 +63,8 @@ async def serve(respond: Respond, calls: int, timeout_s: float = 0.5) -> tuple[l
         try:
             while True:
                 head = await r.readuntil(b"\r\n\r\n")
-                assert head.startswith(b"GET /metrics HTTP/1.1\r\n") and b"\r\nAuthorization: Bearer k" in head
+                assert head.startswith(b"GET /metrics HTTP/1.1\r\n")
+                assert b"\r\nAuthorization: Bearer k\r\n" in head
                 requests += 1
                 keep = await respond(r, w, requests)
                 await w.drain()

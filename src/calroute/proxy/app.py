@@ -10,92 +10,36 @@ to the client and never count against the engine. Every admitted request ends in
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import time
 import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO, Any
 
 import aiohttp
 from aiohttp import web
 
 from calroute.calibrate.online import OnlineCalibrator
-from calroute.cluster import ClusterFile
-from calroute.costmodel.calibration import Calibration
 from calroute.costmodel.predictors import make_predictor
 from calroute.decisions import DecisionLog
-from calroute.errors import ConfigError, NoCandidateError
+from calroute.errors import NoCandidateError
 from calroute.ledger import Ledger
 from calroute.policies import make_policy
-from calroute.proxy import pd
+from calroute.proxy import admin, pd
+from calroute.proxy.config import ENGINE_KEEPALIVE_S, SLOW_STEPS_PER_TOKEN, ProxyConfig
+from calroute.proxy.errors import ClientGone, EngineFailed, json_error
 from calroute.proxy.metrics import ProxyMetrics
 from calroute.proxy.prompt_length import PromptLength
 from calroute.proxy.signals import Signals
 from calroute.proxy.slo import slo_class
+from calroute.proxy.sse import scan
 from calroute.records import RecordWriter, RequestRecord
 from calroute.router import Router
 from calroute.types import RequestStatus, SloClass
 
 logger = logging.getLogger(__name__)
-
-# Below vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s by default, vllm/envs.py).
-ENGINE_KEEPALIVE_S = 4.0
-# A non-streamed answer may take this many calibrated decode steps per token before the engine counts as
-# stalled: generous, since a step at full batch and long context is several times the reference step.
-SLOW_STEPS_PER_TOKEN = 4.0
-
-
-@dataclass(frozen=True)
-class ProxyConfig:
-    cluster: ClusterFile
-    calibration: Calibration
-    policy: str = "marginal_cost"
-    policy_params: dict[str, Any] = field(default_factory=dict)
-    predictor: str = "bucket"
-    default_slo: SloClass = SloClass.LOOSE
-    log_path: Path | None = None
-    decision_log_path: Path | None = None  # every decision with the view it was made on (decisions.py)
-    poll_interval_s: float = 0.05
-    health_interval_s: float = 1.0
-    prefill_timeout_s: float = 60.0
-    stall_timeout_s: float = 60.0  # longest silence from a decode engine before it counts as stalled
-    max_attempts: int = 3
-    max_body_bytes: int = 8 * 1024 * 1024
-    online_calibration: bool = False  # refit tau_pre / tau_dec from routed requests (calibrate/online.py)
-    admin_token: str | None = None  # from CALROUTE_ADMIN_TOKEN; None disables the admin endpoints
-    engine_api_key: str | None = None  # from CALROUTE_ENGINE_API_KEY; sent to engines, never logged
-
-    def __post_init__(self) -> None:
-        if self.predictor == "oracle":
-            raise ConfigError("the oracle predictor needs the true output length: simulator only")
-        if self.max_attempts < 1:
-            raise ConfigError(f"max_attempts must be >= 1, got {self.max_attempts}")
-
-
-class _ClientGone(ConnectionResetError):
-    """The client went away mid-stream: its record is written and the engine is not at fault. A
-    ConnectionResetError, which aiohttp's server takes as a premature disconnect and leaves quiet; not an
-    aiohttp.ClientError, so no engine-failure path catches it."""
-
-
-class _Failed(Exception):
-    """An engine failed (connection, 5xx, timeout) before any output reached the client: retry."""
-
-    def __init__(self, engine_id: str, phase: str, reason: str) -> None:
-        super().__init__(reason)
-        self.engine_id = engine_id
-        self.phase = phase
-
-
-def _error(
-    status: int, message: str, kind: str = "BadRequestError", param: str | None = None
-) -> web.Response:
-    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
-    return web.json_response(body, status=status)
 
 
 @dataclass
@@ -126,12 +70,12 @@ class Proxy:
         self._t0 = time.monotonic()
         self.ledger = Ledger(cfg.cluster.instance_specs(), cfg.calibration)
         self.policy_name = cfg.policy
-        self._policy_params: dict[str, Any] = dict(cfg.policy_params)
+        self.policy_params: dict[str, Any] = dict(cfg.policy_params)
         online = None
         if cfg.online_calibration:
             online = (
                 OnlineCalibrator(cfg.calibration),
-                lambda cal: make_policy(self.policy_name, self._policy_params, cal),
+                lambda cal: make_policy(self.policy_name, self.policy_params, cal),
             )
         self.router = Router(
             make_policy(cfg.policy, cfg.policy_params, cfg.calibration),
@@ -150,7 +94,7 @@ class Proxy:
         )
         self.metrics = ProxyMetrics(self._live, self._prices)
         self.prompt_length = PromptLength()
-        self._urls = {e.id: e.url for e in cfg.cluster.engines}
+        self.urls = {e.id: e.url for e in cfg.cluster.engines}
         self._session: aiohttp.ClientSession | None = None
         self._log: IO[str] | None = None
         self._writer: RecordWriter | None = None
@@ -158,6 +102,12 @@ class Proxy:
 
     def now(self) -> float:
         return time.monotonic() - self._t0
+
+    def switch_policy(self, name: str, params: dict[str, Any]) -> None:
+        """Route with another policy from the next request on (ConfigError if it cannot be made)."""
+        self.router.policy = make_policy(name, params, self.router.constants or self.cfg.calibration)
+        self.policy_name = name
+        self.policy_params = dict(params)
 
     def _prices(self) -> tuple[float, float]:
         cal = self.router.constants or self.cfg.calibration
@@ -227,16 +177,18 @@ class Proxy:
         try:
             body = await request.json()
         except web.HTTPRequestEntityTooLarge:
-            return _error(413, f"request body larger than {self.cfg.max_body_bytes} bytes", "RequestTooLarge")
+            return json_error(
+                413, f"request body larger than {self.cfg.max_body_bytes} bytes", "RequestTooLarge"
+            )
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            return _error(400, f"the request body is not valid JSON: {e}")
+            return json_error(400, f"the request body is not valid JSON: {e}")
         problem = self._validate(body, path)
         if problem is not None:
             return problem
         try:
             slo = slo_class(request.headers, self.cfg.calibration.slo, self.cfg.default_slo)
         except ValueError as e:
-            return _error(400, str(e), param="headers")
+            return json_error(400, str(e), param="headers")
         tokens, chars = self.prompt_length.estimate(body)
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         flight = _Flight(
@@ -256,22 +208,22 @@ class Proxy:
 
     def _validate(self, body: Any, path: str) -> web.Response | None:
         if not isinstance(body, dict):
-            return _error(400, "the request body must be a JSON object")
+            return json_error(400, "the request body must be a JSON object")
         key = "messages" if path.endswith("chat/completions") else "prompt"
         if key not in body:
-            return _error(400, f"{key} is required", param=key)
+            return json_error(400, f"{key} is required", param=key)
         for name in ("max_tokens", "max_completion_tokens"):
             value = body.get(name)
             if value is None:
                 continue
             if not isinstance(value, int) or isinstance(value, bool):
-                return _error(400, f"{name} must be an integer", param=name)
+                return json_error(400, f"{name} must be an integer", param=name)
             if value < 1 or value > self.cfg.cluster.max_model_len:
-                return _error(
+                return json_error(
                     400, f"{name} must be in [1, {self.cfg.cluster.max_model_len}], got {value}", param=name
                 )
         if not isinstance(body.get("stream", False), bool):
-            return _error(400, "stream must be a boolean", param="stream")
+            return json_error(400, "stream must be a boolean", param="stream")
         return None
 
     async def _serve(
@@ -284,7 +236,7 @@ class Proxy:
                 adm, decision = self.router.admit(f.request_id, f.prompt_tokens, f.slo, self.now())
             except NoCandidateError as e:
                 self._finish(f, RequestStatus.FAILED, str(e))
-                return _error(503, f"no engine can serve the request: {e}", "ServiceUnavailable")
+                return json_error(503, f"no engine can serve the request: {e}", "ServiceUnavailable")
             self.metrics.decision.observe(time.perf_counter() - started)
             f.admitted, f.predicted = True, adm.predicted_output_tokens
             f.prefill_id, f.decode_id = decision.prefill_id, decision.decode_id
@@ -294,7 +246,7 @@ class Proxy:
                 if client_error is not None:
                     return client_error
                 return await self._decode(request, body, path, f, kv)
-            except _Failed as e:
+            except EngineFailed as e:
                 last_error = f"{e.phase} engine {e.engine_id}: {e}"
                 self.signals.mark_failed(e.engine_id, str(e))
                 self.metrics.engine_errors.labels(e.engine_id).inc()
@@ -302,7 +254,7 @@ class Proxy:
                 self.router.done(f.request_id, f.prompt_tokens, 0, self.now(), ok=False)
                 f.admitted = False
         self._finish(f, RequestStatus.FAILED, last_error)
-        return _error(502, f"every attempt failed; last: {last_error}", "BadGateway")
+        return json_error(502, f"every attempt failed; last: {last_error}", "BadGateway")
 
     def _headers(self, f: _Flight) -> dict[str, str]:
         return {**f.forwarded, **self._engine_headers, "X-Request-Id": f.request_id}
@@ -311,7 +263,7 @@ class Proxy:
         self, body: dict[str, Any], path: str, f: _Flight
     ) -> tuple[dict[str, Any] | None, web.Response | None]:
         assert self._session is not None and f.prefill_id is not None
-        url = self._urls[f.prefill_id] + path
+        url = self.urls[f.prefill_id] + path
         try:
             async with self._session.post(
                 url,
@@ -322,24 +274,24 @@ class Proxy:
                 payload = await r.read()
                 status = r.status
         except (aiohttp.ClientError, TimeoutError) as e:
-            raise _Failed(f.prefill_id, "prefill", f"{type(e).__name__}: {e}") from e
+            raise EngineFailed(f.prefill_id, "prefill", f"{type(e).__name__}: {e}") from e
         if status >= 500:
-            raise _Failed(f.prefill_id, "prefill", f"HTTP {status}")
+            raise EngineFailed(f.prefill_id, "prefill", f"HTTP {status}")
         if status >= 400:
-            return None, self._client_error(f, status, payload)
+            return None, self._clientjson_error(f, status, payload)
         f.prefill_done_s = self.now()
         try:
             out = json.loads(payload)
             prompt_tokens = int(out["usage"]["prompt_tokens"])
         except (ValueError, KeyError, TypeError) as e:
-            raise _Failed(f.prefill_id, "prefill", f"unreadable prefill response: {e}") from e
+            raise EngineFailed(f.prefill_id, "prefill", f"unreadable prefill response: {e}") from e
         self.router.prefill_done(f.request_id, f.prefill_done_s, prompt_tokens)
         self.prompt_length.learn(f.prompt_chars, prompt_tokens)
         f.prompt_tokens = prompt_tokens
         kv = out.get("kv_transfer_params")
         return (kv if isinstance(kv, dict) and kv else None), None
 
-    def _client_error(self, f: _Flight, status: int, payload: bytes) -> web.Response:
+    def _clientjson_error(self, f: _Flight, status: int, payload: bytes) -> web.Response:
         """An engine refused the request as malformed: the client's problem, not the engine's."""
         self._finish(f, RequestStatus.REJECTED, f"HTTP {status}: {payload[:200].decode(errors='replace')}")
         return web.Response(body=payload, status=status, content_type="application/json")
@@ -348,21 +300,21 @@ class Proxy:
         self, request: web.Request, body: dict[str, Any], path: str, f: _Flight, kv: dict[str, Any] | None
     ) -> web.StreamResponse:
         assert self._session is not None and f.decode_id is not None
-        url = self._urls[f.decode_id] + path
+        url = self.urls[f.decode_id] + path
         timeout = aiohttp.ClientTimeout(total=None, sock_read=self._silence_bound_s(body, f))
         try:
             async with self._session.post(
                 url, json=pd.decode_body(body, kv), headers=self._headers(f), timeout=timeout
             ) as r:
                 if r.status >= 500:
-                    raise _Failed(f.decode_id, "decode", f"HTTP {r.status}")
+                    raise EngineFailed(f.decode_id, "decode", f"HTTP {r.status}")
                 if r.status >= 400:
-                    return self._client_error(f, r.status, await r.read())
+                    return self._clientjson_error(f, r.status, await r.read())
                 if not body.get("stream"):
                     return await self._relay_json(r, f)
                 return await self._relay_stream(request, r, f, pd.client_wants_usage(body))
         except (aiohttp.ClientError, TimeoutError) as e:
-            raise _Failed(f.decode_id, "decode", f"{type(e).__name__}: {e}") from e
+            raise EngineFailed(f.decode_id, "decode", f"{type(e).__name__}: {e}") from e
 
     def _silence_bound_s(self, body: dict[str, Any], f: _Flight) -> float:
         """How long the decode engine may stay silent before it counts as stalled. A stream sends a token
@@ -427,11 +379,21 @@ class Proxy:
                 pending = data
                 continue
             events, pending = data[:cut], data[cut:]
-            events, error = self._watch(events, f, client_wants_usage, error)
+            seen = scan(events, client_wants_usage)
+            if seen.content:
+                now = self.now()
+                if f.first_token_s is None:
+                    f.first_token_s = now
+                    self.router.first_token(f.request_id, now)
+                f.last_token_s = now
+            if seen.output_tokens is not None:
+                f.output_tokens = seen.output_tokens
+            error = seen.error or error
+            events = seen.events
             if events:
                 await self._to_client(f, resp.write(events))
         if resp is None:
-            raise _Failed(f.decode_id or "", "decode", "empty response")
+            raise EngineFailed(f.decode_id or "", "decode", "empty response")
         if pending:
             await self._to_client(f, resp.write(pending))
         self._finish(f, RequestStatus.FAILED if error else RequestStatus.OK, error)
@@ -441,37 +403,12 @@ class Proxy:
             pass  # the client left after the last byte was written: the record stands
         return resp
 
-    def _watch(
-        self, events: bytes, f: _Flight, client_wants_usage: bool, error: str | None
-    ) -> tuple[bytes, str | None]:
-        """Note what the router needs from whole SSE events; drop the usage event unless it was asked for."""
-        if b'"choices":[{' in events:
-            now = self.now()
-            if f.first_token_s is None:
-                f.first_token_s = now
-                self.router.first_token(f.request_id, now)
-            f.last_token_s = now
-        usage_at = events.find(b'"choices":[]')
-        if usage_at >= 0:
-            start = events.rfind(b"data: ", 0, usage_at)
-            end = events.find(b"\n\n", usage_at) + 2
-            try:
-                f.output_tokens = int(json.loads(events[start + 6 : end])["usage"]["completion_tokens"])
-            except (ValueError, KeyError, TypeError):
-                pass
-            if not client_wants_usage:
-                events = events[:start] + events[end:]
-        error_at = events.find(b'data: {"error"')
-        if error_at >= 0:
-            error = events[error_at + 6 : error_at + 306].split(b"\n", 1)[0].decode(errors="replace")
-        return events, error
-
     async def _to_client(self, f: _Flight, write: Awaitable[Any]) -> None:
         try:
             await write
         except ConnectionError as e:  # aiohttp's ClientConnectionResetError is one too
             self._finish(f, RequestStatus.CANCELLED, "client disconnected")
-            raise _ClientGone from e
+            raise ClientGone from e
 
     # ---- bookkeeping --------------------------------------------------------------------------------
 
@@ -543,68 +480,8 @@ class Proxy:
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.exposition(), content_type="text/plain", charset="utf-8")
 
-    def _authorized(self, request: web.Request) -> web.Response | None:
-        if self.cfg.admin_token is None:
-            return _error(403, "admin endpoints are disabled: set CALROUTE_ADMIN_TOKEN", "Forbidden")
-        given = request.headers.get("Authorization", "")
-        expected = f"Bearer {self.cfg.admin_token}"
-        if not hmac.compare_digest(given.encode(), expected.encode()):
-            return _error(401, "missing or wrong admin token", "Unauthorized")
-        return None
-
     async def _state(self, request: web.Request) -> web.Response:
-        denied = self._authorized(request)
-        if denied is not None:
-            return denied
-        view = self.ledger.view(self.now())
-        cal = self.cfg.calibration
-        return web.json_response(
-            {
-                "policy": self.policy_name,
-                "params": self._policy_params,
-                "constants": {
-                    "tau_pre_s": (self.router.constants or cal).tau_pre_s,
-                    "tau_dec_s": (self.router.constants or cal).tau_dec_s,
-                    "source": (self.router.constants or cal).provenance.get("source"),
-                    "online": self.router.online is not None,
-                    "refits": 0 if self.router.online is None else self.router.online[0].refits,
-                },
-                "slo": {
-                    "tight_ttft_s": cal.slo.tight_ttft_s,
-                    "tight_tpot_s": cal.slo.tight_tpot_s,
-                    "loose_factor": cal.slo.loose_factor,
-                },
-                "chars_per_token": self.prompt_length.chars_per_token,
-                "in_flight": self.ledger.in_flight_requests(),
-                "engines": [
-                    {
-                        **s._asdict(),
-                        "role": s.role.value,
-                        "url": self._urls[s.instance_id],
-                        "metrics_age_s": None if s.metrics_age_s == float("inf") else s.metrics_age_s,
-                    }
-                    for s in (*view.prefill, *view.decode)
-                ],
-            }
-        )
+        return admin.authorized(self.cfg.admin_token, request) or web.json_response(admin.state(self))
 
     async def _set_policy(self, request: web.Request) -> web.Response:
-        denied = self._authorized(request)
-        if denied is not None:
-            return denied
-        try:
-            body = await request.json()
-            name = body["policy"]
-            params = body.get("params", {})
-            if not isinstance(name, str) or not isinstance(params, dict):
-                raise ConfigError("policy must be a name and params an object")
-            policy = make_policy(name, params, self.router.constants or self.cfg.calibration)
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            return _error(400, f'expected {{"policy": NAME, "params": {{...}}}}: {e}')
-        except ConfigError as e:
-            return _error(400, str(e))
-        self.router.policy = policy
-        self.policy_name = name
-        self._policy_params = dict(params)
-        logger.info("policy switched to %s %s", name, params)
-        return web.json_response({"policy": name, "params": params})
+        return admin.authorized(self.cfg.admin_token, request) or await admin.set_policy(self, request)

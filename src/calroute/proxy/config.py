@@ -1,0 +1,45 @@
+"""What `calroute serve` is configured with, and the constants of its engine traffic."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from calroute.cluster import ClusterFile
+from calroute.costmodel.calibration import Calibration
+from calroute.errors import ConfigError
+from calroute.types import SloClass
+
+# Below vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s by default, vllm/envs.py).
+ENGINE_KEEPALIVE_S = 4.0
+# A non-streamed answer may take this many calibrated decode steps per token before the engine counts as
+# stalled: generous, since a step at full batch and long context is several times the reference step.
+SLOW_STEPS_PER_TOKEN = 4.0
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    cluster: ClusterFile
+    calibration: Calibration
+    policy: str = "marginal_cost"
+    policy_params: dict[str, Any] = field(default_factory=dict)
+    predictor: str = "bucket"
+    default_slo: SloClass = SloClass.LOOSE
+    log_path: Path | None = None
+    decision_log_path: Path | None = None  # every decision with the view it was made on (decisions.py)
+    poll_interval_s: float = 0.05
+    health_interval_s: float = 1.0
+    prefill_timeout_s: float = 60.0
+    stall_timeout_s: float = 60.0  # longest silence from a decode engine before it counts as stalled
+    max_attempts: int = 3
+    max_body_bytes: int = 8 * 1024 * 1024
+    online_calibration: bool = False  # refit tau_pre / tau_dec from routed requests (calibrate/online.py)
+    admin_token: str | None = None  # from CALROUTE_ADMIN_TOKEN; None disables the admin endpoints
+    engine_api_key: str | None = None  # from CALROUTE_ENGINE_API_KEY; sent to engines, never logged
+
+    def __post_init__(self) -> None:
+        if self.predictor == "oracle":
+            raise ConfigError("the oracle predictor needs the true output length: simulator only")
+        if self.max_attempts < 1:
+            raise ConfigError(f"max_attempts must be >= 1, got {self.max_attempts}")
