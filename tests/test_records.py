@@ -106,3 +106,28 @@ def test_writer_and_reader(tmp_path: Path) -> None:
 def test_bad_lines_are_errors(line: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         record_from_json(line)
+
+
+@given(
+    st.one_of(
+        st.floats(allow_nan=False, allow_infinity=False),
+        st.floats(0, 1e10),
+        st.integers(0, 10**15).map(lambda n: n / 1e6),  # exact 6-decimal values: halfway and carry cases
+        st.integers(0, 10**13).map(lambda n: (n + 0.5) / 1e6),
+    )
+)
+def test_time_is_repr_of_round_to_the_microsecond(x: float) -> None:
+    """_time's formatting fast path must give exactly what repr(round(x, 6)) gives (files are compared
+    byte for byte across versions)."""
+    from calroute.records import _time
+
+    assert _time(x) == repr(round(x, 6))
+
+
+def test_time_edge_cases() -> None:
+    from calroute.records import _time
+
+    for x in (0.0, -0.0, 1e-4, 0.0001, 9.99999e-5, 0.00009999995, 5.0, 0.5, 999999999.9999996, 1e9, -2.5):
+        assert _time(x) == repr(round(x, 6)), x
+    assert _time(None) == "null"
+    assert _time(3) == "3"  # an int keeps repr(round()) formatting

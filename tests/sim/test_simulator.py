@@ -132,6 +132,26 @@ def test_policies_see_ledger_signals_and_metrics_at_most_one_sample_old() -> Non
     assert any(s.kv_used_tokens > 0 for _, v in seen for s in v.decode)
 
 
+def test_the_sample_interval_reaches_every_engine() -> None:
+    """Metrics are as old as the configured polling interval allows, never older."""
+    shape = ClusterShape(2, 4)
+    for interval_s in (0.05, 0.5):
+        ledger = Ledger(shape.instances(PROFILE.limits.kv_capacity_tokens), PROFILE.calibration)
+        ages: list[float] = []
+
+        def hook(adm: Admission, view: ClusterView, d: RouteDecision, ages: list[float] = ages) -> None:
+            ages.extend(s.metrics_age_s for s in (*view.prefill, *view.decode))
+
+        router = Router(
+            make_policy("least_loaded", {}, PROFILE.calibration), make_predictor("bucket"), ledger, hook
+        )
+        ClusterSim(PROFILE, shape, router, "x", sample_interval_s=interval_s).run(
+            workload(300, 30.0, seed=3), lambda rec: None
+        )
+        assert max(ages) <= interval_s + 1e-9
+        assert max(ages) > 0.8 * interval_s  # some decision saw a sample nearly one interval old
+
+
 def test_an_idle_cluster_serves_at_the_unloaded_latency() -> None:
     """One request alone: TTFT = prefill + transfer + scheduler boundary + one decode step."""
     cal = PROFILE.calibration
@@ -162,3 +182,31 @@ def test_closed_form_stretches_equal_the_iteration_level_model() -> None:
         assert (a.prefill_id, a.decode_id) == (b.prefill_id, b.decode_id)
         for x, y in ((a.first_token_s, b.first_token_s), (a.last_token_s, b.last_token_s)):
             assert x is not None and y is not None and abs(x - y) < 1e-6
+
+
+def test_read_horizon_changes_nothing_a_policy_sees() -> None:
+    """Engines skip holding metrics no read can see (sampling.ReadHorizon); without the horizon every
+    touch holds. Views, decisions and records must be identical either way."""
+
+    def run_with(horizon: bool) -> tuple[list[object], list[RequestRecord]]:
+        shape = ClusterShape(2, 3)
+        ledger = Ledger(shape.instances(PROFILE.limits.kv_capacity_tokens), PROFILE.calibration)
+        seen: list[object] = []
+
+        def hook(adm: Admission, view: ClusterView, decision: RouteDecision) -> None:
+            seen.append((adm, view, decision))
+
+        router = Router(
+            make_policy("marginal_cost", {}, PROFILE.calibration), make_predictor("bucket"), ledger, hook
+        )
+        sim = ClusterSim(PROFILE, shape, router, "marginal_cost")
+        if not horizon:
+            for p in sim.prefill.values():
+                p.metrics.horizon = None
+            for d in sim.decode.values():
+                d.metrics.horizon = None
+        records: list[RequestRecord] = []
+        sim.run(workload(1500, 12.0, seed=5), records.append)
+        return seen, records
+
+    assert run_with(True) == run_with(False)

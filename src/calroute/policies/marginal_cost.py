@@ -72,6 +72,9 @@ class MarginalCost:
         self.tau_dec_s = calibration.tau_dec_s
 
     def route(self, adm: Admission, view: ClusterView) -> RouteDecision:
+        # Params read into locals, and plain loops: a generator or comprehension would turn those locals into
+        # slower closure cells. The simulator routes tens of thousands of requests per second. The cost
+        # expressions are the module docstring's, in the same float order.
         pr = self.params
         pre = healthy(view.prefill, "prefill")
         dec = healthy(view.decode, "decode")
@@ -82,24 +85,24 @@ class MarginalCost:
         prompt = adm.prompt_tokens if pr.use_prompt_length else 0
         o_hat = adm.predicted_output_tokens if pr.use_output_length else pr.fallback_output_tokens
         rho = pr.rho if pr.use_kv_pressure else 0.0
+        w_b, w_b_dec, w_q = pr.w_b, pr.w_b_dec, pr.w_q
 
         own_pre_s = pr.w_s * prompt * self.tau_pre_s
-        pre_costs = tuple(sigma * (pr.w_b * s.backlog_s + own_pre_s) + pr.w_q * s.in_flight for s in pre)
+        costs = []
+        for s in pre:
+            costs.append(sigma * (w_b * s.backlog_s + own_pre_s) + w_q * s.in_flight)
+        pre_costs = tuple(costs)
         own_dec_s = pr.w_s * o_hat * self.tau_dec_s
         footprint = prompt + o_hat
-        dec_costs = tuple(
-            sigma
-            * (
-                pr.w_b_dec * s.backlog_s
-                + own_dec_s
-                * (
-                    1.0
-                    + rho * (max(s.kv_used_tokens, s.kv_committed_tokens) + footprint) / s.kv_capacity_tokens
-                )
+        costs = []
+        for s in dec:
+            used, committed = s.kv_used_tokens, s.kv_committed_tokens
+            kv = (committed if committed > used else used) + footprint
+            costs.append(
+                sigma * (w_b_dec * s.backlog_s + own_dec_s * (1.0 + rho * kv / s.kv_capacity_tokens))
+                + w_q * s.in_flight
             )
-            + pr.w_q * s.in_flight
-            for s in dec
-        )
+        dec_costs = tuple(costs)
         p = argmin_rotating(pre_costs, view.seq)
         d = argmin_rotating(dec_costs, view.seq)
         return RouteDecision(pre[p].instance_id, dec[d].instance_id, pre_costs, dec_costs)

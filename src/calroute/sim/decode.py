@@ -88,25 +88,28 @@ class DecodeInstance:
         return self._extra_s + k * self._step0_s + self._growth_s * k * (k - 1) / 2
 
     def _steps_at(self, now_s: float) -> int:
-        """Whole steps of the current stretch completed by ``now_s``."""
-        d = now_s - self._epoch_s - self._extra_s
-        if d < self._step0_s:
+        """Whole steps of the current stretch completed by ``now_s``.
+
+        _elapsed_s is inlined in the two correction loops (same expression, same float order): this runs
+        at every poke and metrics probe.
+        """
+        epoch, extra, a, g = self._epoch_s, self._extra_s, self._step0_s, self._growth_s
+        d = now_s - epoch - extra
+        if d < a:
             return 0
-        g, a = self._growth_s, self._step0_s
         if g > 0:
             lin = a - g / 2
             k = int((-lin + math.sqrt(lin * lin + 2 * g * d)) / g)
         else:
             k = int(d / a)
-        elapsed = now_s - self._epoch_s
-        while self._elapsed_s(k + 1) <= elapsed:
-            k += 1
-        while k > 0 and self._elapsed_s(k) > elapsed:
+        elapsed = now_s - epoch
+        j = k + 1
+        while (extra + j * a + g * j * (j - 1) / 2 if j > 0 else 0.0) <= elapsed:
+            k = j
+            j = k + 1
+        while k > 0 and extra + k * a + g * k * (k - 1) / 2 > elapsed:
             k -= 1
         return k
-
-    def _context_tokens(self) -> int:
-        return self._prompt_sum + len(self._running) * self._steps - self._join_sum
 
     # ---- arrivals -----------------------------------------------------------------------------------
 
@@ -131,9 +134,11 @@ class DecodeInstance:
                 self._boundary(now, 0)
             return
         k = self._steps_at(now)
-        if self._epoch_s + self._elapsed_s(k) < now:
+        epoch, extra, a, g = self._epoch_s, self._extra_s, self._step0_s, self._growth_s
+        t = epoch + (extra + k * a + g * k * (k - 1) / 2 if k > 0 else 0.0)  # epoch + _elapsed_s(k)
+        if t < now:
             k += 1
-        t = self._epoch_s + self._elapsed_s(k)
+            t = epoch + (extra + k * a + g * k * (k - 1) / 2 if k > 0 else 0.0)
         if t < self._planned_s:
             self._schedule(t, k)
 
@@ -158,37 +163,43 @@ class DecodeInstance:
         running = self._running
         # 1. finished requests leave
         heap = self._finish_heap
-        while heap and heap[0][0] <= steps:
-            _, order = heapq.heappop(heap)
-            req = running.pop(order, None)
-            if req is None:
-                continue  # preempted after this entry was pushed
-            self._prompt_sum -= req.prompt_tokens
-            self._join_sum -= req.join_step
-            req.running = False
-            req.emitted_tokens = req.output_tokens
-            req.last_token_s = now
-            self._on_done(req)
+        if heap and heap[0][0] <= steps:
+            pop, on_done = heapq.heappop, self._on_done
+            while heap and heap[0][0] <= steps:
+                _, order = pop(heap)
+                req = running.pop(order, None)
+                if req is None:
+                    continue  # preempted after this entry was pushed
+                self._prompt_sum -= req.prompt_tokens
+                self._join_sum -= req.join_step
+                req.running = False
+                req.emitted_tokens = req.output_tokens
+                req.last_token_s = now
+                on_done(req)
         # 2. requests whose KV arrived join
         extra = 0.0
-        if self._joiners:
-            for req in self._joiners:
+        joiners = self._joiners
+        if joiners:
+            for req in joiners:
                 self._reserved -= req.prompt_tokens
                 self._join(req)
-            self._joiners.clear()
+            joiners.clear()
         # 3. the next step must fit: preempt the newest requests (vLLM's recompute preemption)
         cap = self.kv_capacity_tokens
-        while running and self._context_tokens() + self._reserved + len(running) > cap:
+        # context tokens of the running batch: prompt_sum + len(running) * steps - join_sum
+        while (
+            running and self._prompt_sum + len(running) * (steps + 1) - self._join_sum + self._reserved > cap
+        ):
             self._preempt_newest()
         # 4. admit waiting requests while KV and the sequence limit allow
         waiting = self._waiting
+        admit_limit = self._admit_limit
         while waiting:
             req = waiting[0]
             need = req.recompute_tokens or req.prompt_tokens
-            used = self._context_tokens() + self._reserved + len(running) + 1
-            if used + need > self._admit_limit or (
-                len(running) + self._transferring + len(self._joiners) >= self._max_seqs
-            ):
+            n = len(running)
+            used = self._prompt_sum + n * (steps + 1) - self._join_sum + self._reserved + 1
+            if used + need > admit_limit or n + self._transferring + len(self._joiners) >= self._max_seqs:
                 break
             waiting.popleft()
             if req.recompute_tokens:
@@ -204,16 +215,20 @@ class DecodeInstance:
         self._epoch_s = now
         self._extra_s = extra
         n = len(running)
+        reserved = self._reserved
         if n == 0:
             self._fresh.clear()
-            self._note_peak(0)
+            if reserved > self.peak_kv_used_tokens:
+                self.peak_kv_used_tokens = reserved
             return
-        context = self._context_tokens()
-        self._step0_s = self._a + self._b * n + self._c * context
-        self._growth_s = self._c * n
-        k_kv = (cap - self._reserved - context) // n
+        context = self._prompt_sum + n * steps - self._join_sum
+        self._step0_s = step0 = self._a + self._b * n + self._c * context
+        self._growth_s = growth = self._c * n
+        k_kv = (cap - reserved - context) // n
         k_next = min(heap[0][0] - steps, k_kv, self._max_stretch)
-        self._note_peak(context + n * k_next)
+        peak = context + n * k_next + reserved  # KV in use at the end of the stretch
+        if peak > self.peak_kv_used_tokens:
+            self.peak_kv_used_tokens = peak
         if self._fresh:
             t1 = now + self._elapsed_s(1)
             fresh = []
@@ -224,7 +239,11 @@ class DecodeInstance:
             self._fresh.clear()
             if fresh:
                 self._on_first_tokens(t1, fresh)
-        self._schedule(now + self._elapsed_s(k_next), k_next)
+        # _schedule(now + _elapsed_s(k_next), k_next), inlined: once per boundary
+        t = now + (extra + k_next * step0 + growth * k_next * (k_next - 1) / 2 if k_next > 0 else 0.0)
+        self._version += 1
+        self._planned_s = t
+        self._kernel.at(t, self._on_event, (self._version, k_next))
 
     def _join(self, req: SimRequest) -> None:
         order = self._next_order
@@ -253,13 +272,9 @@ class DecodeInstance:
         self.preemptions += 1
         self._waiting.appendleft(req)
 
-    def _note_peak(self, running_tokens: int) -> None:
-        used = running_tokens + self._reserved
-        if used > self.peak_kv_used_tokens:
-            self.peak_kv_used_tokens = used
-
     def _metrics_at(self, t: float) -> Metrics:
         """KV in use, running and waiting at ``t``, within the current stretch."""
         n = len(self._running)
-        kv = self._context_tokens() + (n * self._steps_at(t) if n else 0) + self._reserved
+        kv = self._prompt_sum + n * self._steps - self._join_sum  # context tokens at the stretch start
+        kv = kv + (n * self._steps_at(t) if n else 0) + self._reserved
         return kv, n, len(self._waiting) + self._transferring + len(self._joiners)

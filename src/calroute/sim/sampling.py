@@ -5,6 +5,11 @@ strictly before t. Rather than schedule an event per tick, each engine *holds* i
 change to its state it records the values as of the last tick (its state has not changed since), and a
 read returns the held values, or the current state evaluated at the tick when nothing changed since.
 The result equals polling at every tick; the cost is one comparison per state change.
+
+A reader that knows when it will next read (the simulator reads at arrivals, known in advance) shares a
+ReadHorizon with the engines: a touch in tick k then holds only if the next read falls in tick k. A read
+in a later tick evaluates the current state at its own tick, which is right unless the state changed
+after that tick and before the read; such a change is a touch in the read's tick, and it holds.
 """
 
 from __future__ import annotations
@@ -15,34 +20,84 @@ from collections.abc import Callable
 Metrics = tuple[int, int, int]  # kv_used_tokens, running, waiting
 
 
+class ReadHorizon:
+    """A promise by the only reader of some engines: no read happens before ``next_read_s``.
+
+    The reader may only raise it (after its read at a time t, to the time of its next read).
+    """
+
+    __slots__ = ("next_read_s",)
+
+    def __init__(self) -> None:
+        self.next_read_s = -math.inf  # unknown: every touch holds
+
+
 class HeldMetrics:
-    __slots__ = ("_interval_s", "_probe", "_tick", "_values", "_stale_after_s")
+    __slots__ = ("_interval_s", "_probe", "_tick", "_sample", "_stale_after_s", "horizon")
 
     def __init__(self, interval_s: float, probe: Callable[[float], Metrics]) -> None:
+        self.horizon: ReadHorizon | None = None
         self._interval_s = interval_s
         self._probe = probe  # the engine's metrics at a past time, valid while its state is unchanged
         self._tick = -1
-        self._values: Metrics = (0, 0, 0)
+        # (tick time, metrics) as read returns it: one object per held tick, so a reader can tell by
+        # identity that nothing changed since its last read
+        self._sample: tuple[float, Metrics] = (-self._interval_s, (0, 0, 0))
         self._stale_after_s = -1.0  # the held values stop being the last tick's after this time
-
-    def _last_tick(self, now_s: float) -> int:
-        return math.ceil(now_s / self._interval_s) - 1
 
     def touch(self, now_s: float) -> None:
         """Call before changing the engine's state at ``now_s``."""
         if now_s > self._stale_after_s:  # cheap test first: most changes fall in an already-held tick
-            self._hold(self._last_tick(now_s))
+            interval = self._interval_s
+            k = math.ceil(now_s / interval) - 1
+            h = self.horizon
+            # ceil(r / interval) - 1 <= k, as read computes it: the next read falls in tick k
+            if h is None or h.next_read_s / interval <= k + 1:
+                self._hold(k)
+            else:  # no read can see tick k; nor can one see it after later changes in this tick
+                self._stale_after_s = (k + 1) * interval
 
     def _hold(self, k: int) -> None:
-        self._values = self._probe(k * self._interval_s)
+        t = k * self._interval_s
+        self._sample = (t, self._probe(t))
         self._tick = k
         self._stale_after_s = (k + 1) * self._interval_s
 
     def read(self, now_s: float) -> tuple[float, Metrics] | None:
         """(tick time, metrics) of the last tick before ``now_s``; None before the first tick."""
-        k = self._last_tick(now_s)
-        if k < 0:
-            return None
+        k = math.ceil(now_s / self._interval_s) - 1
         if k > self._tick:  # unchanged since tick k: evaluate the current state there, and hold it
-            self._hold(k)
-        return k * self._interval_s, self._values
+            self._hold(k)  # (k >= 0 here: the held tick starts at -1)
+        elif k < 0:
+            return None
+        return self._sample
+
+
+SampleSink = Callable[[str, int, int, int, float], None]  # instance id, kv, running, waiting, tick time
+
+
+def poll(
+    engines: list[tuple[str, HeldMetrics]], last: list[object], now_s: float, record: SampleSink
+) -> None:
+    """Read every engine's metrics at ``now_s`` and hand ``record`` those not handed over before.
+
+    ``last[i]`` is the sample last handed over for ``engines[i]``: held samples are one object per tick, so
+    identity tells that the receiver already has exactly these values. This is ``read`` (and ``_hold``)
+    inlined over the engines: the simulator polls all of them at every arrival.
+    """
+    for i, (instance_id, m) in enumerate(engines):
+        interval = m._interval_s
+        k = math.ceil(now_s / interval) - 1
+        if k > m._tick:
+            t = k * interval
+            sample = m._sample = (t, m._probe(t))
+            m._tick = k
+            m._stale_after_s = (k + 1) * interval
+        elif k < 0:
+            continue
+        else:
+            sample = m._sample
+        if sample is not last[i]:
+            last[i] = sample
+            t, (kv, running, waiting) = sample
+            record(instance_id, kv, running, waiting, t)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from calroute.costmodel.profiles import HardwareProfile
 from calroute.errors import ConfigError
@@ -19,9 +20,11 @@ from calroute.sim.decode import DecodeInstance
 from calroute.sim.kernel import Kernel
 from calroute.sim.prefill import PrefillInstance
 from calroute.sim.requests import SimRequest
+from calroute.sim.sampling import ReadHorizon, poll
 from calroute.types import InstanceSpec, RequestSpec, RequestStatus, Role
 
 RecordSink = Callable[[RequestRecord], None]
+_new_tuple: Callable[..., Any] = tuple.__new__
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,7 @@ class ClusterSim:
                 lim.kv_capacity_tokens,
                 lim.max_batched_tokens,
                 self._prefill_done,
+                sample_interval_s=sample_interval_s,
             )
             for s in shape.instances(lim.kv_capacity_tokens)
             if s.role is Role.PREFILL
@@ -92,6 +96,7 @@ class ClusterSim:
                 self._first_tokens,
                 self._done,
                 max_stretch_steps,
+                sample_interval_s=sample_interval_s,
             )
             for s in shape.instances(lim.kv_capacity_tokens)
             if s.role is Role.DECODE
@@ -106,6 +111,12 @@ class ClusterSim:
             *self.prefill.values(),
             *self.decode.values(),
         ]
+        self._max_request_tokens = profile.limits.max_request_tokens
+        self._horizon = ReadHorizon()
+        for engine in self._engines:
+            engine.metrics.horizon = self._horizon
+        self._samplers = [(e.instance_id, e.metrics) for e in self._engines]
+        self._last_samples: list[object] = [None] * len(self._engines)
         self._count = 0
         self._last_arrival_s = 0.0
 
@@ -145,7 +156,10 @@ class ClusterSim:
         now = self.kernel.now_s
         self._count += 1
         self._schedule_next_arrival()
-        error = self._admission_error(spec)
+        request_id, arrival_s, prompt_tokens, output_tokens, slo_class = spec
+        error = None
+        if prompt_tokens < 1 or output_tokens < 1 or prompt_tokens + output_tokens > self._max_request_tokens:
+            error = self._admission_error(spec)
         if error is not None:
             self._sink(
                 RequestRecord(
@@ -167,17 +181,20 @@ class ClusterSim:
                 )
             )
             return
-        self._notify_first_tokens(now)
+        heap = self._first_token_heap
+        if heap and heap[0][0] <= now:
+            self._notify_first_tokens(now)
         self._record_samples(now)
-        adm, decision = self._router.admit(
-            spec.request_id, spec.prompt_tokens, spec.slo_class, now, spec.output_tokens
-        )
+        # Engine metrics are read at (admitted) arrivals only, so none is read before the next arrival.
+        # Arrivals are sorted (checked when scheduled), so the horizon never decreases, even across runs.
+        self._horizon.next_read_s = self._last_arrival_s
+        adm, decision = self._router.admit(request_id, prompt_tokens, slo_class, now, output_tokens)
         req = SimRequest(
-            spec.request_id,
-            spec.arrival_s,
-            spec.prompt_tokens,
-            spec.output_tokens,
-            spec.slo_class,
+            request_id,
+            arrival_s,
+            prompt_tokens,
+            output_tokens,
+            slo_class,
             adm.predicted_output_tokens,
             decision.prefill_id,
             decision.decode_id,
@@ -199,8 +216,11 @@ class ClusterSim:
     # ---- engine callbacks ---------------------------------------------------------------------------
 
     def _prefill_done(self, req: SimRequest) -> None:
-        self._notify_first_tokens(self.kernel.now_s)
-        self._router.prefill_done(req.request_id, self.kernel.now_s, req.prompt_tokens)
+        now = self.kernel.now_s
+        heap = self._first_token_heap
+        if heap and heap[0][0] <= now:
+            self._notify_first_tokens(now)
+        self._router.prefill_done(req.request_id, now, req.prompt_tokens)
         self.decode[req.decode_id].enqueue(req)
 
     def _pulled(self, req: SimRequest) -> None:
@@ -221,34 +241,40 @@ class ClusterSim:
 
     def _done(self, req: SimRequest) -> None:
         now = self.kernel.now_s
-        self._notify_first_tokens(now)
+        heap = self._first_token_heap
+        if heap and heap[0][0] <= now:
+            self._notify_first_tokens(now)
         self._in_flight -= 1
-        self._router.done(req.request_id, req.prompt_tokens, req.output_tokens, now, True, req.first_token_s)
+        request_id, prompt_tokens, output_tokens, first_token_s = (
+            req.request_id,
+            req.prompt_tokens,
+            req.output_tokens,
+            req.first_token_s,
+        )
+        self._router.done(request_id, prompt_tokens, output_tokens, now, True, first_token_s)
         self._sink(
-            RequestRecord(
-                req.request_id,
-                req.slo_class,
-                req.prompt_tokens,
-                req.output_tokens,
-                req.predicted_output_tokens,
-                req.output_tokens,
-                self._policy_name,
-                req.prefill_id,
-                req.decode_id,
-                req.arrival_s,
-                req.prefill_done_s,
-                req.first_token_s,
-                req.last_token_s,
-                RequestStatus.OK,
-                None,
+            _new_tuple(  # RequestRecord(...) without the NamedTuple's Python-level __new__
+                RequestRecord,
+                (
+                    request_id,
+                    req.slo_class,
+                    prompt_tokens,
+                    output_tokens,
+                    req.predicted_output_tokens,
+                    output_tokens,
+                    self._policy_name,
+                    req.prefill_id,
+                    req.decode_id,
+                    req.arrival_s,
+                    req.prefill_done_s,
+                    first_token_s,
+                    req.last_token_s,
+                    RequestStatus.OK,
+                    None,
+                ),
             )
         )
 
     def _record_samples(self, now: float) -> None:
-        """Hand the ledger each engine's metrics as last polled."""
-        record = self._router.ledger.record_sample
-        for engine in self._engines:
-            sample = engine.metrics.read(now)
-            if sample is not None:
-                t, (kv, running, waiting) = sample
-                record(engine.instance_id, kv, running, waiting, t)
+        """Hand the ledger each engine's metrics as last polled (only this method feeds it samples)."""
+        poll(self._samplers, self._last_samples, now, self._router.ledger.record_sample)
