@@ -148,6 +148,18 @@ def test_a_flat_transfer_time_gives_a_bandwidth_lower_bound() -> None:
     assert 0 < fit.curve.seconds(4096 * KV_BYTES) - fit.curve.latency_s < 1e-3
 
 
+def test_a_prefill_flat_under_noise_gives_a_per_token_upper_bound() -> None:
+    # A tiny model on a busy CPU (CI saw 0.12-0.65 s for 64-1024 tokens, in no order): no slope survives
+    # the noise. The bound puts one typical residual on the longest prompt, and the report says so.
+    rng = np.random.default_rng(3)
+    samples = [(p, 0.05 - 2e-6 * p + 0.01 * float(rng.standard_normal())) for p in PROMPTS * 2]
+    fit = fit_prefill(samples)
+    assert fit.report.coefficients["per_token_s"] == 0.0
+    assert any("upper bound" in n for n in fit.report.notes)
+    added_s = fit.curve.per_token_s * max(PROMPTS)
+    assert 0.002 < added_s < 0.03  # one noise sigma (0.01 s), give or take the median's spread
+
+
 def test_prefill_drops_the_quadratic_term_when_it_swallows_the_slope() -> None:
     # Purely quadratic growth: NNLS puts everything on p^2 and leaves a zero per-token cost, which is not
     # physics; the fit falls back to a line and says so.

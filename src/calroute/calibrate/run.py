@@ -173,6 +173,7 @@ async def _calibrate(
         pre_fit = fit_prefill([(m.prompt_tokens, m.latency_s) for m in prefills])
         progress(
             f"prefill fit: R^2 {_fmt(pre_fit.report.r2_fit)}, held-out R^2 {_fmt(pre_fit.report.r2_held_out)}"
+            + "".join(f"; {n}" for n in pre_fit.report.notes)
         )
 
         phase_started = time.perf_counter()
