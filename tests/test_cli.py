@@ -207,3 +207,21 @@ def test_profile_file_round_trips_through_simulate(tmp_path: Path) -> None:
         for d in ("right", "wrong")
     ]
     assert decode_ids[0] != decode_ids[1]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--param", "marginal_cost.zzz=1"], "unknown parameter"),
+        (["--param", "marginal_cost.w_cobatch=-1"], "w_cobatch must be >= 0"),
+        (["--param", "least_loaded.x=1", "--policies", "marginal_cost"], "not in --policies"),
+        (["--policies", "bogus"], "unknown policy"),
+    ],
+)
+def test_run_rejects_bad_policy_parameters_before_touching_the_cluster(
+    args: list[str], message: str, tmp_path: Path
+) -> None:
+    # the cluster file does not exist: a parameter error must come first
+    code, _, err = invoke("run", "--cluster", str(tmp_path / "none.yaml"), "--rate", "1", *args)
+    assert code == 2
+    assert message in err.replace("\n", " ")

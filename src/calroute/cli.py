@@ -21,7 +21,13 @@ from calroute.cli_run import run
 from calroute.cli_serve import serve
 from calroute.costmodel.calibration import Calibration
 from calroute.costmodel.predictors import PREDICTOR_NAMES
-from calroute.costmodel.profiles import HardwareProfile, get_profile, profile_from_calibration, profile_names
+from calroute.costmodel.profiles import (
+    DEFAULT_PROFILE,
+    HardwareProfile,
+    get_profile,
+    profile_from_calibration,
+    profile_names,
+)
 from calroute.errors import CalrouteError, ConfigError
 from calroute.policies import policy_names
 from calroute.saturation import Probe
@@ -47,7 +53,7 @@ DEFAULT_POLICIES = "round_robin,least_loaded,length_heuristic,marginal_cost"
 Workload = Enum("Workload", {f: f for f in FAMILIES}, type=str)  # type: ignore[misc]
 
 
-def _parse_params(items: list[str], policies: list[str]) -> dict[str, dict[str, str]]:
+def parse_param_options(items: list[str], policies: list[str]) -> dict[str, dict[str, str]]:
     params: dict[str, dict[str, str]] = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -204,9 +210,9 @@ def simulate(
         "bucket"
     ),
     predictor_noise: Annotated[float, typer.Option(min=0.0, help="relative error injected, e.g. 0.5")] = 0.0,
-    profile: Annotated[str, typer.Option(help=f"hardware profile: {', '.join(profile_names())}")] = (
-        "a40-qwen2.5-3b"
-    ),
+    profile: Annotated[
+        str, typer.Option(help=f"hardware profile: {', '.join(profile_names())}")
+    ] = DEFAULT_PROFILE,
     calibration: Annotated[
         Path | None, typer.Option(help="calibration JSON: the simulated hardware, SLOs and router constants")
     ] = None,
@@ -243,7 +249,7 @@ def simulate(
             router_calibration=router_cal,
             predictor=predictor,
             predictor_noise=predictor_noise,
-            policy_params=_parse_params(param or [], policy_list),
+            policy_params=parse_param_options(param or [], policy_list),
         )
         source: WorkloadSource = (
             FamilyWorkload(workload.value, requests, tight_fraction)
@@ -273,7 +279,7 @@ def simulate(
 
 @app.command("profile")
 def profile_cmd(
-    name: Annotated[str, typer.Argument(help=f"one of: {', '.join(profile_names())}")] = "a40-qwen2.5-3b",
+    name: Annotated[str, typer.Argument(help=f"one of: {', '.join(profile_names())}")] = DEFAULT_PROFILE,
     out_file: Annotated[
         Path | None, typer.Option("--out", help="write the profile as a calibration file")
     ] = None,

@@ -24,7 +24,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from calroute import aio
 from calroute.cluster import ClusterFile
 from calroute.costmodel.calibration import Calibration
-from calroute.costmodel.profiles import get_profile, profile_names
+from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile, profile_names
 from calroute.errors import CalrouteError, ConfigError
 from calroute.harness import gates
 from calroute.harness.loadgen import DEFAULT_MAX_LATENESS_S, DEFAULT_TIMEOUT_S, LoadResult, drive
@@ -36,7 +36,6 @@ from calroute.workload.source import FamilyWorkload, TraceWorkload, WorkloadSour
 
 err = Console(stderr=True)
 Family = Enum("Family", {f: f for f in FAMILIES}, type=str)  # type: ignore[misc]
-DEFAULT_PROFILE = "a40-qwen2.5-3b"
 EXIT_INVALID = 3
 
 

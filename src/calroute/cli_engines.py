@@ -12,7 +12,7 @@ from rich.console import Console
 
 from calroute.cluster import ClusterFile
 from calroute.costmodel.calibration import Calibration
-from calroute.costmodel.profiles import get_profile, profile_from_calibration, profile_names
+from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile, profile_from_calibration, profile_names
 from calroute.errors import CalrouteError, ConfigError
 from calroute.types import Role
 
@@ -33,9 +33,9 @@ def _fail(e: CalrouteError) -> typer.Exit:
 @engines_app.command()
 def emulate(
     engine: Annotated[list[str], typer.Option(help="ROLE:PORT, e.g. prefill:8100 (repeatable; port 0: any)")],
-    profile: Annotated[str, typer.Option(help=f"hardware profile: {', '.join(profile_names())}")] = (
-        "a40-qwen2.5-3b"
-    ),
+    profile: Annotated[
+        str, typer.Option(help=f"hardware profile: {', '.join(profile_names())}")
+    ] = DEFAULT_PROFILE,
     calibration: Annotated[
         Path | None, typer.Option(help="time engines by a calibration file's curves")
     ] = None,
@@ -97,7 +97,7 @@ def up(
     kind: Annotated[
         Kind, typer.Option(help="emulated engines, or real vLLM (CPU build, tiny model)")
     ] = Kind.emulated,
-    profile: Annotated[str, typer.Option(help="emulated: hardware profile")] = "a40-qwen2.5-3b",
+    profile: Annotated[str, typer.Option(help="emulated: hardware profile")] = DEFAULT_PROFILE,
     calibration: Annotated[Path | None, typer.Option(help="emulated: time by a calibration file")] = None,
     time_scale: Annotated[float, typer.Option(min=0.001, help="emulated: multiply modelled durations")] = 1.0,
     stream_interval: Annotated[int, typer.Option(min=1, help="emulated: tokens per SSE chunk")] = 1,

@@ -42,7 +42,7 @@ def experiment(
     ] = "live",
 ) -> None:
     """Run one of the paper's experiments (or all) and write its results and report section."""
-    from calroute.costmodel.profiles import get_profile
+    from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile
     from calroute.experiments import EXPERIMENTS, get_experiment
     from calroute.experiments.backends import Backend, SimBackend
     from calroute.experiments.runner import Scale, run_experiment, scale_for
@@ -63,7 +63,7 @@ def experiment(
         else:
             if time_scale != 1.0 or saturation != "live":
                 raise ConfigError("--time-scale and --saturation apply to live backends only")
-            be = SimBackend(get_profile("a40-qwen2.5-3b"))
+            be = SimBackend(get_profile(DEFAULT_PROFILE))
         try:
             for n in names:
                 run_experiment(

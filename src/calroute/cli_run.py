@@ -33,16 +33,21 @@ def run(
     out: Annotated[Path, typer.Option(help="results directory (resumable: finished runs are kept)")] = Path(
         "out/run"
     ),
+    param: Annotated[
+        list[str] | None, typer.Option(help="policy parameter, POLICY.NAME=VALUE (repeatable)")
+    ] = None,
 ) -> None:
     """Gate, calibrate, then for each policy and seed: fresh proxy, reset caches, warm up, drive, collect."""
-    from calroute.cli import print_table
+    from calroute.cli import parse_param_options, print_table
     from calroute.cluster import ClusterFile
     from calroute.costmodel.calibration import Calibration
+    from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile
     from calroute.experiments.comparison import Comparison, summary_json
     from calroute.experiments.live import LiveBackend
     from calroute.experiments.runner import Scale, run_experiment
     from calroute.harness.gates import require_gates
     from calroute.harness.live import LiveSetup
+    from calroute.policies import make_policy
     from calroute.sim.compare import RunResult
     from calroute.sim.simulator import SimStats
 
@@ -51,6 +56,10 @@ def run(
             raise ConfigError("give exactly one of --rate and --saturate")
         if workload not in FAMILIES:
             raise ConfigError(f"unknown workload {workload!r}; known: {', '.join(FAMILIES)}")
+        names = tuple(p.strip() for p in policies.split(",") if p.strip())
+        params = parse_param_options(param or [], list(names))
+        for name in names:  # a bad policy, parameter or value fails here, before the gates and calibration
+            make_policy(name, params.get(name, {}), get_profile(DEFAULT_PROFILE).calibration)
         c = ClusterFile.load(cluster)
         require_gates(c)
         err.print("correctness gates passed")
@@ -65,8 +74,7 @@ def run(
             cal, _ = calibrate_cluster(c, 60.0, err.print)
             cal.save(out / "calibration.json")
         backend = LiveBackend(c.kind, out, err.print, fixed=LiveSetup(c, cluster, cal))
-        names = tuple(p.strip() for p in policies.split(",") if p.strip())
-        comparison = Comparison(len(c.prefill), len(c.decode), workload, names, rate)
+        comparison = Comparison(len(c.prefill), len(c.decode), workload, names, rate, params=params)
         (result,) = run_experiment(
             comparison,
             backend,

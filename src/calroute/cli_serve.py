@@ -12,7 +12,7 @@ from rich.console import Console
 
 from calroute.cluster import ClusterFile
 from calroute.costmodel.calibration import Calibration
-from calroute.costmodel.profiles import get_profile
+from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile
 from calroute.errors import CalrouteError, ConfigError
 from calroute.policies import policy_names
 from calroute.types import SloClass
@@ -61,7 +61,7 @@ def serve(
         elif c.profile is not None and not c.profile.startswith("calibration:"):
             cal = get_profile(c.profile).calibration
         else:
-            cal = get_profile("a40-qwen2.5-3b").calibration
+            cal = get_profile(DEFAULT_PROFILE).calibration
             err.print(
                 "[yellow]warning:[/] no --calibration: pricing with the a40-qwen2.5-3b profile's constants"
             )

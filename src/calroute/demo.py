@@ -14,7 +14,7 @@ from pathlib import Path
 
 from calroute.calibrate.run import calibrate_cluster
 from calroute.cli import err, print_table
-from calroute.costmodel.profiles import get_profile, profile_from_calibration
+from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile, profile_from_calibration
 from calroute.engines.launch import up_emulated
 from calroute.experiments.backends import SimBackend
 from calroute.experiments.base import goodput_table, latency_cdfs
@@ -59,7 +59,7 @@ def run_demo(out_dir: Path, live_seeds: int = 1) -> Path:
         say("gates: " + ", ".join(f"{g.name} ok" for g in gates))
         cal, cal_report = calibrate_cluster(cluster, CALIBRATION_BUDGET_S, lambda m: None)
         cal.save(out_dir / "calibration.json")
-        profile = get_profile("a40-qwen2.5-3b").calibration
+        profile = get_profile(DEFAULT_PROFILE).calibration
         say(
             f"calibrated: tau_pre {cal.tau_pre_s * 1e6:.1f} us, tau_dec {cal.tau_dec_s * 1e3:.2f} ms "
             f"(the profile x {TIME_SCALE:g}: {TIME_SCALE * profile.tau_pre_s * 1e6:.1f} us, "

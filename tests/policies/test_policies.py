@@ -168,6 +168,32 @@ def test_marginal_cost_prefill_prefers_less_backlog(calibration: Calibration) ->
     )
 
 
+# prefill-0: one long prompt pending (3,000 tokens); prefill-1: five short ones (500 tokens in all)
+LONG_VS_MANY = [
+    {"backlog_s": 3000 * 7.95e-5, "in_flight": 1},
+    {"backlog_s": 500 * 7.95e-5, "in_flight": 5},
+]
+
+
+@pytest.mark.parametrize(
+    ("prompt_tokens", "params", "want"),
+    [
+        # a long prompt would delay the five short ones batched with it: it queues behind the long one
+        (2000, {}, "prefill-0"),
+        # priced by its own wait only, it takes the engine with fewer pending tokens
+        (2000, {"w_cobatch": 0.0}, "prefill-1"),
+        # a short prompt delays little: the emptier engine, in seconds, wins
+        (64, {}, "prefill-1"),
+    ],
+)
+def test_marginal_cost_prefill_prices_the_delay_to_co_batched_requests(
+    prompt_tokens: int, params: dict[str, Any], want: str, calibration: Calibration
+) -> None:
+    policy = make_policy("marginal_cost", params, calibration)
+    d = policy.route(make_admission(prompt_tokens=prompt_tokens), make_view(prefill=LONG_VS_MANY))
+    assert d.prefill_id == want
+
+
 def test_marginal_cost_weights_are_honoured(calibration: Calibration) -> None:
     view = make_view(decode=[{"backlog_s": 0.0, "in_flight": 5}, {"backlog_s": 0.05, "in_flight": 0}])
     assert (

@@ -141,9 +141,12 @@ QWEN25_3B = ModelSpec(
 )
 
 
+DEFAULT_PROFILE = "a40-qwen2.5-3b"  # what every command uses unless told otherwise
+
+
 def _builtin() -> dict[str, HardwareProfile]:
     return {
-        "a40-qwen2.5-3b": roofline_profile("a40-qwen2.5-3b", A40, QWEN25_3B, Efficiency(), EngineLimits()),
+        DEFAULT_PROFILE: roofline_profile(DEFAULT_PROFILE, A40, QWEN25_3B, Efficiency(), EngineLimits()),
     }
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from calroute.experiments.base import goodput_table
@@ -17,13 +17,14 @@ class Comparison:
     policies: tuple[str, ...]
     rate_rps: float | None
     name: str = "comparison"
+    params: dict[str, dict[str, str]] = field(default_factory=dict)  # per policy, as given on the CLI
 
     @property
     def title(self) -> str:
         return f"{self.workload}, {self.prefill}P+{self.decode}D"
 
     def cells(self, quick: bool) -> list[Cell]:
-        variants = tuple(Variant(p, p) for p in self.policies)
+        variants = tuple(Variant(p, p, dict(self.params.get(p, {}))) for p in self.policies)
         return [
             Cell(
                 f"{self.prefill}P{self.decode}D",

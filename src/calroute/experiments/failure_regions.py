@@ -1,7 +1,9 @@
-"""The paper router's known failure regions, before and after our change to it (docs/policies.md):
-marginal_cost as the paper prices it (decode backlog weighted like prefill's) against ours (no decode
-backlog), beside the baselines, on each family and on the narrow and scarce clusters. The aim: never clearly
-worse than the best baseline, without giving back the lead on mixed traffic."""
+"""The paper router's known failure regions, before and after our two changes to it (docs/policies.md):
+marginal_cost as the paper prices it (decode backlog weighted like prefill's, a prefill priced by its own
+wait only), ours before the second change (no decode backlog), and ours (also pricing the delay a prompt
+adds to the requests batched with it), beside the baselines, on each family and on the narrow and scarce
+clusters. The aim: never clearly worse than the best baseline, without giving back the lead on mixed
+traffic."""
 
 from __future__ import annotations
 
@@ -10,16 +12,17 @@ from pathlib import Path
 from calroute.experiments.base import bars_by_cell, fmt, goodput_table
 from calroute.experiments.cells import Cell, CellResult, Variant, baselines_and_product
 
-PAPER_POLICY = Variant("marginal_cost-paper", "marginal_cost", {"w_b_dec": 1.0})
+PAPER_POLICY = Variant("marginal_cost-paper", "marginal_cost", {"w_b_dec": 1.0, "w_cobatch": 0.0})
+OWN_WAIT = Variant("marginal_cost-own-wait", "marginal_cost", {"w_cobatch": 0.0})
 BASELINES = ("round_robin", "least_loaded", "length_heuristic")
 
 
 class FailureRegions:
     name = "failure-regions"
-    title = "Failure regions of the paper's router, before and after (no decode backlog)"
+    title = "Failure regions of the paper's router, before and after (no decode backlog, co-batch delay)"
 
     def cells(self, quick: bool) -> list[Cell]:
-        variants = (*baselines_and_product(), PAPER_POLICY)
+        variants = (*baselines_and_product(), PAPER_POLICY, OWN_WAIT)
         families = [Cell(f, 2, 4, f, variants) for f in ("chat", "document", "reasoning", "mixed-bursty")]
         return [
             *families,
@@ -30,20 +33,24 @@ class FailureRegions:
     def report(self, results: list[CellResult], exp_dir: Path) -> str:
         png = bars_by_cell(results, exp_dir, "goodput", self.title)
         lines = [
-            "| cell | best baseline | goodput | marginal_cost-paper | marginal_cost | ours - best baseline |",
-            "|---|---|---|---|---|---|",
+            "| cell | best baseline | goodput | marginal_cost-paper | marginal_cost-own-wait | marginal_cost "
+            "| ours - best baseline |",
+            "|---|---|---|---|---|---|---|",
         ]
         for c in results:
             best = max(BASELINES, key=c.mean_goodput)
             ours = c.mean_goodput("marginal_cost")
             lines.append(
                 f"| {c.cell_key} | {best} | {fmt(c.mean_goodput(best))} | "
-                f"{fmt(c.mean_goodput(PAPER_POLICY.label))} | {fmt(ours)} | "
+                f"{fmt(c.mean_goodput(PAPER_POLICY.label))} | {fmt(c.mean_goodput(OWN_WAIT.label))} | "
+                f"{fmt(ours)} | "
                 f"{100 * (ours - c.mean_goodput(best)):+.1f} pts |"
             )
         return (
-            f"## {self.title}\n\nmarginal_cost-paper weights the decode backlog like the prefill backlog "
-            "(`w_b_dec=1`, the paper's formula); marginal_cost is ours (`w_b_dec=0`, docs/policies.md). "
+            f"## {self.title}\n\nmarginal_cost-paper is the paper's formula (`w_b_dec=1`: the decode backlog "
+            "weighted like the prefill backlog; `w_cobatch=0`: a prefill priced by its own wait only); "
+            "marginal_cost-own-wait drops the decode backlog (`w_cobatch=0`); marginal_cost is ours, which "
+            "also prices the delay a prompt adds to the requests it is batched with (docs/policies.md). "
             "Chat, document, reasoning and mixed bursty on 2P+4D at their own saturation; the narrow pool "
             "(2P+3D) at the 2P+4D rate; scarcity (1P+2D) at its own.\n\n"
             + "\n".join(lines)
