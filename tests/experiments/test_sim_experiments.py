@@ -10,7 +10,7 @@ import pytest
 from calroute.costmodel.profiles import get_profile
 from calroute.experiments import EXPERIMENTS
 from calroute.experiments.backends import SimBackend
-from calroute.experiments.runner import run_experiment
+from calroute.experiments.runner import Scale, run_experiment
 from calroute.report.markdown import write_report
 
 
@@ -48,7 +48,14 @@ def test_a_killed_experiment_resumes_and_the_report_assembles(tmp_path: Path) ->
     assert sum("done earlier, skipped" in m for m in messages) == 1
     assert not any("saturation search" in m for m in messages)  # the saturation rate was kept too
     again = next(r for r in results if r.cell_key == kept["cell_key"]).to_dict()
-    assert json.loads(json.dumps(again)) == kept
+    assert json.loads(json.dumps(again)) == {
+        k: v for k, v in kept.items() if k not in ("definition", "git_commit")
+    }
+    # asked at another scale, no saved cell is reused
+    messages.clear()
+    run_experiment(exp, backend, True, tmp_path, progress=messages.append, scale=Scale(200, (0,)))
+    assert not any("done earlier" in m for m in messages)
+    assert sum("running it again" in m for m in messages) == len(rest) + 1
     run_experiment(EXPERIMENTS["scarcity"], backend, True, tmp_path)
     report = write_report(tmp_path).read_text()
     assert "Decode-pool width" in report and "Extreme scarcity" in report

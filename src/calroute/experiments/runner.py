@@ -1,5 +1,9 @@
 """Run an experiment's cells on a backend: saturation first, then every variant and seed; each finished
-cell is saved at once, so a killed experiment resumes where it stopped. A manifest records what ran."""
+cell is saved at once, so a killed experiment resumes where it stopped. A manifest records what ran.
+
+A saved cell is reused only if it was made from the same cell definition (variants, their parameters, the
+rate) and scale; a cell made by another commit is reused with a note, since a changed default inside a
+policy is invisible to the definition."""
 
 from __future__ import annotations
 
@@ -72,12 +76,25 @@ def run_experiment(
     sat_path = exp_dir / "saturation.json"
     saturation: dict[str, float] = json.loads(sat_path.read_text()) if sat_path.exists() else {}
     results = []
+    commit = manifest["git_commit"]
     for cell in cells:
         path = exp_dir / "cells" / f"{cell.key}.json"
+        # What the saved result must have been made from to be reused: the cell (variants, parameters,
+        # rate) and the scale, as JSON would hold them.
+        definition = json.loads(json.dumps({"cell": asdict(cell), "scale": asdict(scale)}))
         if path.exists():
-            results.append(CellResult.from_dict(json.loads(path.read_text())))
-            progress(f"{exp.name}/{cell.key}: done earlier, skipped")
-            continue
+            saved = json.loads(path.read_text())
+            if saved.get("definition", definition) == definition:
+                results.append(CellResult.from_dict(saved))
+                made_by = saved.get("git_commit")
+                stale = (
+                    f" (made by commit {made_by[:10]}, not this one)" if made_by and made_by != commit else ""
+                )
+                progress(f"{exp.name}/{cell.key}: done earlier, skipped{stale}")
+                continue
+            progress(
+                f"{exp.name}/{cell.key}: saved with other variants, parameters or scale: running it again"
+            )
         rate = cell.rate_rps
         if rate is None:
             p, d = cell.saturation_shape
@@ -99,7 +116,7 @@ def run_experiment(
             cell, rate, scale.seeds, scale.requests, exp_dir / "records" / cell.key, on_run
         )
         result = CellResult(cell.key, backend.name, rate, tuple(runs), dict(cell.tags))
-        _write_json(path, result.to_dict())
+        _write_json(path, {**result.to_dict(), "definition": definition, "git_commit": commit})
         results.append(result)
     _write_json(exp_dir / "results.json", [r.to_dict() for r in results])
     section = exp.report(results, exp_dir)
