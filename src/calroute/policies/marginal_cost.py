@@ -18,9 +18,9 @@ that will share that iteration by its own prefill time. The ledger cannot tell w
 running ones (which are not delayed), so queue(p) overcounts; the delayed ones are counted at weight 1
 whatever their SLO class, which undercounts tight ones. Pricing only the request's own wait sent a long
 prompt to the engine with the fewest pending tokens even when that meant delaying five short ones behind it.
-On the simulator (10 seeds per cell, saturated rates) w_cobatch = 1 added 1.1 points of goodput on chat,
-0.8 on mixed bursty 2P+4D and 0.6 on the narrow 2P+3D pool, and changed nothing elsewhere
-(docs/policies.md). ``w_cobatch=0`` gives the previous policy.
+On the simulator (`calroute experiment failure-regions`) w_cobatch = 1 added 2.0 points of goodput on chat,
+1.0 on mixed bursty 2P+4D and 0.9 on the narrow 2P+3D pool, and at most 0.2 elsewhere (docs/results/).
+``w_cobatch=0`` gives the previous policy.
 
 One deliberate departure from the paper: the decode backlog weight w_b_dec is 0, not w_b. A prefill engine
 is a FCFS queue, so a new prompt waits for the backlog ahead of it; a decode engine batches continuously,
