@@ -73,7 +73,8 @@ def experiment(
                     out / backend.value,
                     progress=err.print,
                     scale=scale,
-                    extra_manifest={"time_scale": time_scale, "saturation": saturation},
+                    # "out": the report's command line names the --out given, wherever the results are moved
+                    extra_manifest={"time_scale": time_scale, "saturation": saturation, "out": str(out)},
                 )
         finally:
             close = getattr(be, "close", None)

@@ -75,6 +75,15 @@ def test_the_command_takes_requests_and_seeds(tmp_path: Path) -> None:
     (cell,) = json.loads((tmp_path / "sim" / "scarcity" / "results.json").read_text())
     assert sorted({r["seed"] for r in cell["runs"]}) == [0, 1]
     assert all(r["summary"]["requests"] == 150 for r in cell["runs"])
+    # the report names the command that made it, with the --out given, even after the results move
+    moved = tmp_path / "copied" / "sim"
+    moved.parent.mkdir()
+    (tmp_path / "sim").rename(moved)
+    report = write_report(moved).read_text()
+    assert (
+        f"calroute experiment scarcity --backend sim --quick --requests 150 --seeds 2 --out {tmp_path}`"
+        in report
+    )
 
 
 @pytest.mark.parametrize(

@@ -36,7 +36,8 @@ def write_report(directory: Path) -> Path:
             command += f" --saturation {manifest['saturation']}"
         sections.append(
             exp.report(results, exp_dir)
-            + f"\nCommand: `{command} --out {directory.parent}`; commit {manifest.get('git_commit') or '-'}; "
+            + f"\nCommand: `{command} --out {manifest.get('out', directory.parent)}`; "
+            f"commit {manifest.get('git_commit') or '-'}; "
             f"{manifest['scale']['requests']} requests per run, seeds {manifest['scale']['seeds']}.\n"
         )
     if not sections:
