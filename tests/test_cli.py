@@ -1,14 +1,21 @@
-"""`calroute simulate` and `calroute profile` end to end (in process), including errors."""
+"""The command line end to end: `calroute simulate` and `profile` in process, errors, stopping a live job."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from calroute.cli import app
+from calroute.cluster import ClusterFile
+from calroute.engines.procs import process_group_alive, stop_process_group
 from calroute.records import read_records
 
 TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"
@@ -225,3 +232,57 @@ def test_run_rejects_bad_policy_parameters_before_touching_the_cluster(
     code, _, err = invoke("run", "--cluster", str(tmp_path / "none.yaml"), "--rate", "1", *args)
     assert code == 2
     assert message in err.replace("\n", " ")
+
+
+def _left_running(out: Path) -> list[str]:
+    """Engine groups named by the job's cluster files, and processes whose command line names ``out``."""
+    left = [
+        f"engine group {g}"
+        for f in out.rglob("cluster.yaml")
+        for g in ClusterFile.load(f).pgids
+        if process_group_alive(g)
+    ]
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):  # gone meanwhile
+            continue
+        if str(out) in cmdline and state not in ("Z", "X"):
+            left.append(f"pid {proc.name}: {cmdline[:120]}")
+    return left
+
+
+@pytest.mark.slow
+def test_sigterm_stops_every_process_a_live_experiment_started(tmp_path: Path) -> None:
+    """A job stopped with SIGTERM (a scheduler, a CI timeout) must not leave its engines and proxy behind."""
+    out = tmp_path / "exp"
+    log = tmp_path / "experiment.log"
+    argv = [sys.executable, "-m", "calroute", "experiment", "mixed-bursty", "--backend", "emulated"]
+    argv += ["--quick", "--requests", "200", "--saturation", "sim", "--out", str(out)]
+    with log.open("wb") as f:
+        job = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline_s = time.monotonic() + 120.0
+        # A proxy's log exists once engines, calibration and the first proxy are all up.
+        while not any(out.rglob("proxy.log")) and time.monotonic() < deadline_s:
+            assert job.poll() is None, log.read_text()[-2000:]
+            time.sleep(0.2)
+        running = _left_running(out)
+        assert len(running) >= 3, running  # the job, the engines, the proxy
+
+        job.send_signal(signal.SIGTERM)
+        job.wait(timeout=60)
+        deadline_s = time.monotonic() + 15.0
+        while _left_running(out) and time.monotonic() < deadline_s:
+            time.sleep(0.2)
+        assert _left_running(out) == [], log.read_text()[-2000:]
+        assert "Traceback" not in log.read_text()
+    finally:
+        for f in out.rglob("cluster.yaml"):
+            for g in ClusterFile.load(f).pgids:
+                stop_process_group(g, timeout_s=1.0)
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)

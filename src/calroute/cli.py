@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from enum import Enum
 from pathlib import Path
+from types import FrameType
 from typing import Annotated, Any
 
 import typer
@@ -314,5 +316,14 @@ def demo(
         raise typer.Exit(2) from e
 
 
+def _terminate_as_interrupt(signum: int, frame: FrameType | None) -> None:
+    # A scheduler, a CI timeout or `kill` stops a job with SIGTERM, whose default action skips every `finally`
+    # and leaves the engines and proxies the job started running in their own process groups. Handled as
+    # Ctrl-C instead (asyncio's runner cancels its main task on SIGINT), the job stops what it started.
+    signal.raise_signal(signal.SIGINT)
+
+
 def main() -> None:
+    # Long-running subcommands that serve (`serve`, `engines emulate`) install their own SIGTERM handlers.
+    signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     app()
