@@ -281,8 +281,8 @@ def test_sigterm_stops_every_process_a_live_experiment_started(tmp_path: Path) -
         assert _left_running(out) == [], log.read_text()[-2000:]
         assert "Traceback" not in log.read_text()
     finally:
-        for f in out.rglob("cluster.yaml"):
-            for g in ClusterFile.load(f).pgids:
+        for cluster_file in out.rglob("cluster.yaml"):
+            for g in ClusterFile.load(cluster_file).pgids:
                 stop_process_group(g, timeout_s=1.0)
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
