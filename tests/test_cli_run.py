@@ -28,15 +28,17 @@ def cluster_path(tmp_path: Path) -> Iterator[Path]:
         launched.stop()
 
 
-def _run(cluster: Path, cal: Path, out: Path) -> tuple[int, str, str]:
+def _run(cluster: Path, cal: Path, out: Path, *extra: str) -> tuple[int, str, str]:
     args = ["run", "--cluster", str(cluster), "--calibration", str(cal), "--rate", "8"]
     args += ["--requests", str(REQUESTS), "--seeds", "1", "--policies", "round_robin,marginal_cost"]
-    res = runner.invoke(app, [*args, "--out", str(out)])
+    res = runner.invoke(app, [*args, "--out", str(out), *extra])
     return res.exit_code, res.stdout, res.stderr
 
 
 @pytest.mark.slow
-def test_run_compares_policies_live_and_a_second_call_resumes(cluster_path: Path, tmp_path: Path) -> None:
+def test_run_compares_policies_live_and_resumes_only_what_is_unchanged(
+    cluster_path: Path, tmp_path: Path
+) -> None:
     cal = tmp_path / "calibration.json"
     get_profile(DEFAULT_PROFILE).calibration.save(cal)  # the cluster runs the profile at time scale 1
     out = tmp_path / "run"
@@ -73,6 +75,15 @@ def test_run_compares_policies_live_and_a_second_call_resumes(cluster_path: Path
     # A second call finds every run done: nothing is re-run, the same summary comes back.
     code, _, stderr = _run(cluster_path, cal, out)
     assert code == 0, stderr
-    assert "done earlier, skipped" in stderr
+    assert "done earlier, skipped" in " ".join(stderr.split())
     assert {f: f.stat().st_mtime_ns for f in record_files} == mtimes
     assert json.loads((out / "summary.json").read_text()) == summary
+
+    # A changed parameter re-runs that policy's run, in a clean directory; the other run is still reused.
+    code, _, stderr = _run(cluster_path, cal, out, "--param", "marginal_cost.w_cobatch=0")
+    assert code == 0, stderr
+    assert "running it again" in " ".join(stderr.split())  # rich wraps lines
+    changed = {f.parent.name for f in record_files if f.stat().st_mtime_ns != mtimes[f]}
+    assert changed == {"marginal_cost-seed0"}
+    (mc_log,) = out.rglob("marginal_cost-seed0/proxy.jsonl")
+    assert len(mc_log.read_text().splitlines()) == len(rr)  # this run's requests only, not appended to

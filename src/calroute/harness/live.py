@@ -2,12 +2,16 @@
 
 Per run, as the paper's protocol asks: start the proxy fresh, reset every engine's prefix cache, warm up
 through the proxy (not measured), drive the open-loop schedule, collect the client's records, stop the
-proxy. A finished run leaves summary.json in its directory and is not run again (resumable).
+proxy. A finished run leaves summary.json in its directory, with what it was made from (the variant and a
+digest of the request schedule); a later call with the same definition reuses it (resumable), any other
+definition runs again in a clean directory.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -97,6 +101,17 @@ async def _warm_up(url: str, model: str) -> None:
     await drive(url, warm, model)
 
 
+def run_definition(variant: Variant, requests: Sequence[RequestSpec]) -> dict[str, object]:
+    """What a run is made from: a saved run is reused only for an equal definition. The schedule's digest
+    covers the workload, rate, seed and count; the variant covers policy, parameters, router and predictor."""
+    digest = hashlib.sha256()
+    for r in requests:
+        digest.update(
+            f"{r.request_id},{r.arrival_s!r},{r.prompt_tokens},{r.output_tokens},{r.slo_class.value}\n".encode()
+        )
+    return {"variant": asdict(variant), "requests": len(requests), "schedule_sha256": digest.hexdigest()}
+
+
 def run_variant(
     setup: LiveSetup,
     variant: Variant,
@@ -105,9 +120,13 @@ def run_variant(
     progress: Callable[[int, int], None] | None = None,
 ) -> LiveRun:
     done = run_dir / "summary.json"
+    definition = run_definition(variant, requests)
     if done.exists():
         d = json.loads(done.read_text())
-        return LiveRun(RunSummary(**d["summary"]), d["valid"], d["lateness_p99_s"])
+        if d.get("definition") == definition:
+            return LiveRun(RunSummary(**d["summary"]), d["valid"], d["lateness_p99_s"])
+    if run_dir.exists():  # made from another definition, or interrupted: its logs must not mix with ours
+        shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     proxy: subprocess.Popen[bytes] = start_process_group(
@@ -146,7 +165,7 @@ def run_variant(
                 "summary": asdict(run.summary),
                 "valid": run.valid,
                 "lateness_p99_s": run.lateness_p99_s,
-                "variant": asdict(variant),
+                "definition": definition,
             },
             indent=2,
         )
