@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -255,15 +256,27 @@ def _left_running(out: Path) -> list[str]:
     return left
 
 
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 @pytest.mark.slow
-def test_sigterm_stops_every_process_a_live_experiment_started(tmp_path: Path) -> None:
-    """A job stopped with SIGTERM (a scheduler, a CI timeout) must not leave its engines and proxy behind."""
+@pytest.mark.parametrize("sigint_ignored", [False, True], ids=["foreground", "started-with-&"])
+def test_sigterm_stops_every_process_a_live_experiment_started(tmp_path: Path, sigint_ignored: bool) -> None:
+    """A job stopped with SIGTERM (a scheduler, a CI timeout) must not leave its engines and proxy behind,
+    also when started in the background by a script, which ignores SIGINT in it."""
     out = tmp_path / "exp"
     log = tmp_path / "experiment.log"
     argv = [sys.executable, "-m", "calroute", "experiment", "mixed-bursty", "--backend", "emulated"]
     argv += ["--quick", "--requests", "200", "--saturation", "sim", "--out", str(out)]
     with log.open("wb") as f:
-        job = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        job = subprocess.Popen(
+            argv,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_ignore_sigint if sigint_ignored else None,  # noqa: PLW1509 (no threads started yet)
+        )
     try:
         deadline_s = time.monotonic() + 120.0
         # A proxy's log exists once engines, calibration and the first proxy are all up.
@@ -284,5 +297,9 @@ def test_sigterm_stops_every_process_a_live_experiment_started(tmp_path: Path) -
         for cluster_file in out.rglob("cluster.yaml"):
             for g in ClusterFile.load(cluster_file).pgids:
                 stop_process_group(g, timeout_s=1.0)
+        for line in _left_running(out):  # a proxy left behind when this test fails
+            if line.startswith("pid "):
+                with contextlib.suppress(ProcessLookupError):
+                    stop_process_group(os.getpgid(int(line.split()[1].rstrip(":"))), timeout_s=1.0)
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)

@@ -319,7 +319,10 @@ def demo(
 def _terminate_as_interrupt(signum: int, frame: FrameType | None) -> None:
     # A scheduler, a CI timeout or `kill` stops a job with SIGTERM, whose default action skips every `finally`
     # and leaves the engines and proxies the job started running in their own process groups. Handled as
-    # Ctrl-C instead (asyncio's runner cancels its main task on SIGINT), the job stops what it started.
+    # Ctrl-C instead (asyncio's runner cancels its main task on SIGINT), the job stops what it started. A job
+    # started with `&` from a script has SIGINT ignored, so SIGINT's default handler comes back first.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.raise_signal(signal.SIGINT)
 
 
