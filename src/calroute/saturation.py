@@ -3,7 +3,8 @@
 Routing policies only separate under contention, so comparisons run where the reference policy's goodput
 crosses a target (0.85 by default): probe rates by doubling or halving until the target is bracketed,
 then bisect on a log scale. Some workloads cannot reach the target even unloaded (long prompts with tight
-TTFT targets miss them by physics): when goodput stays below it down to 1/64 of the starting rate, the
+TTFT targets miss them by physics): when goodput stays below it down to 1/64 of the starting rate (or the
+caller's ``lowest_fraction``: a live probe at a low rate lasts long), the
 target becomes relative, ``target x`` the best goodput seen at low load, and the result says so.
 """
 
@@ -39,6 +40,7 @@ def find_saturation(
     rel_tol: float = 0.03,
     max_probes: int = 30,
     on_probe: Callable[[Probe], None] | None = None,
+    lowest_fraction: float = _LOWEST_FRACTION,
 ) -> SaturationResult:
     """The rate where ``measure(rate)`` (goodput) crosses ``target``, to ``rel_tol`` relative.
 
@@ -76,7 +78,7 @@ def find_saturation(
             if g >= target:
                 break
             hi = lo
-            if lo <= start_rps * _LOWEST_FRACTION:
+            if lo <= start_rps * lowest_fraction:
                 best = max(p.goodput for p in probes)
                 if best <= 0:
                     raise ConfigError("goodput is 0 at every probed rate: no saturation point to find")

@@ -6,6 +6,7 @@ themselves are covered by tests/test_cli_run.py.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from calroute.harness.live import LiveSetup
 from calroute.metrics import RunSummary
 
 CAL = get_profile(DEFAULT_PROFILE).calibration
+REQUESTS = 300
 
 
 def _summary(goodput: float) -> RunSummary:
@@ -26,17 +28,9 @@ def _summary(goodput: float) -> RunSummary:
     return RunSummary(100, 100, good, goodput, 0.1, 0.2, 0.01, 0.02, 10.0, good / 10.0, {"ok": 100})
 
 
-@pytest.mark.parametrize(
-    ("mode", "collapse_at_sim_fraction"),
-    [("live", 0.7), ("live", 1.4), ("sim", 0.7)],
-)
-def test_live_search_starts_at_half_the_calibrated_simulators_rate(
-    tmp_path: Path, mode: str, collapse_at_sim_fraction: float
-) -> None:
-    sim_rps = SimBackend(get_profile(DEFAULT_PROFILE)).saturation_rate(2, 4, "mixed-bursty", 300)
-    collapse_rps = collapse_at_sim_fraction * sim_rps
-    probed: list[float] = []
-
+def _backend(
+    tmp_path: Path, mode: str, goodput_at: Callable[[float], float], probed: list[float]
+) -> LiveBackend:
     def fake_run(
         setup: LiveSetup,
         variant: Variant,
@@ -46,13 +40,12 @@ def test_live_search_starts_at_half_the_calibrated_simulators_rate(
         seed: int,
         run_dir: Path,
     ) -> Run:
-        assert variant.policy == "round_robin" and workload == "mixed-bursty" and requests == 300
+        assert variant.policy == "round_robin" and requests == REQUESTS
         probed.append(rate)
-        return Run(variant.label, seed, _summary(0.95 if rate < collapse_rps else 0.5))
+        return Run(variant.label, seed, _summary(goodput_at(rate)))
 
-    engines = [("prefill-0", "prefill"), ("prefill-1", "prefill")] + [
-        (f"decode-{i}", "decode") for i in range(4)
-    ]
+    engines = [("prefill-0", "prefill"), ("prefill-1", "prefill")]
+    engines += [(f"decode-{i}", "decode") for i in range(4)]
     cluster = ClusterFile.from_dict(
         {
             "kind": "emulated",
@@ -68,10 +61,50 @@ def test_live_search_starts_at_half_the_calibrated_simulators_rate(
         "emulated", tmp_path, fixed=LiveSetup(cluster, tmp_path / "c.yaml", CAL), saturation=mode
     )
     backend._run = fake_run  # type: ignore[method-assign]
+    return backend
 
-    rate = backend.saturation_rate(2, 4, "mixed-bursty", 300)
+
+@pytest.mark.parametrize(
+    ("mode", "collapse_at_sim_fraction"),
+    [("live", 0.7), ("live", 1.4), ("sim", 0.7)],
+)
+def test_live_search_starts_at_half_the_calibrated_simulators_rate(
+    tmp_path: Path, mode: str, collapse_at_sim_fraction: float
+) -> None:
+    sim_rps = SimBackend(get_profile(DEFAULT_PROFILE)).saturation_rate(2, 4, "mixed-bursty", REQUESTS)
+    collapse_rps = collapse_at_sim_fraction * sim_rps
+    probed: list[float] = []
+    backend = _backend(tmp_path, mode, lambda rate: 0.95 if rate < collapse_rps else 0.5, probed)
+
+    rate = backend.saturation_rate(2, 4, "mixed-bursty", REQUESTS)
     if mode == "sim":
         assert probed == [] and rate == pytest.approx(sim_rps)
         return
     assert probed[0] == pytest.approx(sim_rps / 2)
     assert rate == pytest.approx(collapse_rps, rel=0.03)
+
+
+@pytest.mark.parametrize(
+    ("live_unloaded_goodput", "relative_to"),
+    # as on the simulator: its relative target is reached live; much worse live: relative to the live best
+    [(None, "sim"), (0.5, "live")],
+)
+def test_a_workload_that_misses_the_target_unloaded_is_not_probed_at_hour_long_rates(
+    tmp_path: Path, live_unloaded_goodput: float | None, relative_to: str
+) -> None:
+    sim = SimBackend(get_profile(DEFAULT_PROFILE)).saturation(2, 4, "document", REQUESTS)
+    assert sim.relative and sim.target < 0.85  # long tight-SLO prompts miss TTFT even unloaded
+    unloaded = sim.target / 0.85 if live_unloaded_goodput is None else live_unloaded_goodput
+    collapse_rps = 0.8 * sim.rate_rps
+    probed: list[float] = []
+
+    def goodput_at(rate: float) -> float:
+        return unloaded if rate < collapse_rps else 0.5 * unloaded
+
+    rate = _backend(tmp_path, "live", goodput_at, probed).saturation_rate(2, 4, "document", REQUESTS)
+    start_rps = sim.rate_rps / 2
+    assert min(probed) >= start_rps / 8 * 0.999  # the live floor, not the simulator's 1/64
+    if relative_to == "sim":
+        assert rate == pytest.approx(collapse_rps, rel=0.03)
+    else:  # 0.85 x the best live probe is 0.425, crossed at the same collapse
+        assert len(probed) > 4 and rate == pytest.approx(collapse_rps, rel=0.03)

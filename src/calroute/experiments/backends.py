@@ -11,6 +11,7 @@ from calroute.costmodel.calibration import Calibration, mismatched
 from calroute.costmodel.profiles import HardwareProfile
 from calroute.errors import ConfigError
 from calroute.experiments.cells import Cell, Run, Variant
+from calroute.saturation import SaturationResult
 from calroute.sim.compare import SimSetup, saturate, simulate_run
 from calroute.sim.simulator import ClusterShape
 from calroute.workload.source import FamilyWorkload
@@ -66,8 +67,11 @@ class SimBackend:
         )
 
     def saturation_rate(self, prefill: int, decode: int, workload: str, requests: int) -> float:
+        return self.saturation(prefill, decode, workload, requests).rate_rps
+
+    def saturation(self, prefill: int, decode: int, workload: str, requests: int) -> SaturationResult:
         setup = self._setup(prefill, decode, Variant("round_robin", "round_robin"))
-        return saturate(setup, FamilyWorkload(workload, requests), seeds=SATURATION_SEEDS).rate_rps
+        return saturate(setup, FamilyWorkload(workload, requests), seeds=SATURATION_SEEDS)
 
     def run_cell(
         self,

@@ -106,17 +106,25 @@ class LiveBackend:
         from calroute.experiments.backends import SimBackend
 
         setup = self.setup_for(prefill, decode)
-        sim_rps = SimBackend(profile_from_calibration(setup.calibration)).saturation_rate(
+        sim = SimBackend(profile_from_calibration(setup.calibration)).saturation(
             prefill, decode, workload, requests
         )
         if self.saturation == "sim":
-            self.progress(f"  saturation on the simulator calibrated to this cluster: {sim_rps:.2f} req/s")
-            return sim_rps
+            self.progress(
+                f"  saturation on the simulator calibrated to this cluster: {sim.rate_rps:.2f} req/s"
+            )
+            return sim.rate_rps
         # The calibrated simulator's rate is the first guess: live saturation has been 0.6-1.0x of it (the
-        # emulator's CPU cost per stream is not simulated), and a probe at a low rate is the slowest one.
-        start_rps = sim_rps / 2
+        # emulator's CPU cost per stream is not simulated), and a probe at a low rate is the slowest one. A
+        # workload that cannot reach 0.85 even unloaded on the simulator (long prompts, tight TTFT) gets the
+        # simulator's relative target rather than a live search down to a 64th of the rate (hours per probe);
+        # if the live cluster cannot reach even that by an 8th of the start, the target becomes relative to
+        # the best live probe.
+        start_rps = sim.rate_rps / 2
+        note = f", target {sim.target:.3f} as on the simulator" if sim.relative else ""
         self.progress(
-            f"  live search from {start_rps:.2f} req/s, half the calibrated simulator's {sim_rps:.2f} req/s"
+            f"  live search from {start_rps:.2f} req/s, half the calibrated simulator's "
+            f"{sim.rate_rps:.2f}{note}"
         )
         probes_dir = self.work_dir / f"{prefill}P{decode}D" / f"saturation-{workload}"
 
@@ -133,7 +141,13 @@ class LiveBackend:
             self.progress(f"  probe {rate:.2f} req/s: round_robin goodput {run.summary.goodput:.3f}")
             return run.summary.goodput
 
-        return find_saturation(measure, start_rps=start_rps, rel_tol=0.1 if self.quick else 0.03).rate_rps
+        return find_saturation(
+            measure,
+            target=sim.target,
+            start_rps=start_rps,
+            rel_tol=0.1 if self.quick else 0.03,
+            lowest_fraction=1 / 8,
+        ).rate_rps
 
     def run_cell(
         self,
