@@ -36,11 +36,28 @@ def mean(xs: Sequence[float | None]) -> float | None:
     return statistics.fmean(vals) if vals else None
 
 
+def paired_gap(cell: CellResult, label: str, best: str) -> str:
+    """``label`` minus ``best`` in goodput points, paired by seed (the same arrival trace): mean [min, max].
+
+    The seeds' spread mixes how hard each trace is with run-to-run noise; the paired difference removes the
+    first, so a gap that changes sign across traces reads as the tie it is.
+    """
+    mine = {r.seed: r.summary.goodput for r in cell.runs if r.label == label}
+    theirs = {r.seed: r.summary.goodput for r in cell.runs if r.label == best}
+    diffs = [100 * (mine[s] - theirs[s]) for s in sorted(mine.keys() & theirs.keys())]
+    if label == best or not diffs:
+        return "-"
+    if len(diffs) == 1:
+        return f"{diffs[0]:+.1f}"
+    return f"{statistics.fmean(diffs):+.1f} [{min(diffs):+.1f}, {max(diffs):+.1f}]"
+
+
 def goodput_table(
     results: Sequence[CellResult], row_name: str, paper: dict[tuple[str, str], float] | None = None
 ) -> str:
-    """One row per cell and variant: goodput per seed, mean, spread, P99 TTFT and TPOT (means over seeds),
-    and the paper's figure when it has one, keyed by (cell key, variant label)."""
+    """One row per cell and variant: goodput per seed, mean, spread, the gap to the cell's best variant paired
+    by seed, P99 TTFT and TPOT (means over seeds), and the paper's figure when it has one, keyed by
+    (cell key, variant label)."""
     seeds = sorted({r.seed for c in results for r in c.runs})
     head = [
         row_name,
@@ -48,6 +65,7 @@ def goodput_table(
         *[f"seed {s}" for s in seeds],
         "mean goodput",
         "spread",
+        "vs best, paired (pts)",
         "P99 TTFT (s)",
         "P99 TPOT (s)",
         "req/s",
@@ -56,7 +74,8 @@ def goodput_table(
         head.append("paper")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in results:
-        best = max(c.mean_goodput(label) for label in c.labels())
+        best_label = max(c.labels(), key=c.mean_goodput)
+        best = c.mean_goodput(best_label)
         for label in c.labels():
             runs = sorted((r for r in c.runs if r.label == label), key=lambda r: r.seed)
             g = [r.summary.goodput for r in runs]
@@ -67,6 +86,7 @@ def goodput_table(
                 *[fmt(x) for x in g],
                 f"**{fmt(m)}**" if m == best else fmt(m),
                 fmt(max(g) - min(g)),
+                paired_gap(c, label, best_label),
                 fmt(mean([r.summary.ttft_p99_s for r in runs])),
                 fmt(mean([r.summary.tpot_p99_s for r in runs]), 4),
                 fmt(c.rate_rps, 2),
@@ -91,7 +111,10 @@ def bars_by_cell(results: Sequence[CellResult], exp_dir: Path, name: str, title:
 
 
 def latency_cdfs(cell: CellResult, exp_dir: Path, ttft_target_s: float, tpot_target_s: float) -> list[str]:
-    """CDFs of TTFT and TPOT per variant, from the cell's per-request records (seed 0)."""
+    """CDFs of TTFT and TPOT per variant, from the cell's per-request records (seed 0).
+
+    Without records (results copied without them, as under docs/results/) plots already drawn are kept and
+    none are drawn empty."""
     ttft: dict[str, list[float]] = {}
     tpot: dict[str, list[float]] = {}
     for label in cell.labels():
@@ -102,6 +125,10 @@ def latency_cdfs(cell: CellResult, exp_dir: Path, ttft_target_s: float, tpot_tar
         ttft[label] = [r.ttft_s for r in recs if r.ttft_s is not None and r.ttft_s > 0]
         tpot[label] = [r.tpot_s for r in recs if r.tpot_s is not None and r.tpot_s > 0]
     base = f"{cell.cell_key}"
+    if not ttft:
+        return [
+            p.name for p in (exp_dir / f"{base}-ttft-cdf.png", exp_dir / f"{base}-tpot-cdf.png") if p.exists()
+        ]
     return [
         plots.cdfs(
             exp_dir / f"{base}-ttft-cdf.png",

@@ -1,0 +1,61 @@
+"""Report helpers shared by every experiment: the paired gap to the best variant, and the goodput table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from calroute.experiments.base import goodput_table, latency_cdfs, paired_gap
+from calroute.experiments.cells import CellResult, Run
+from calroute.metrics import RunSummary
+
+
+def _run(label: str, seed: int, goodput: float) -> Run:
+    summary = RunSummary(
+        100, 100, round(100 * goodput), goodput, 0.1, 0.2, 0.01, 0.02, 10.0, 1.0, {"ok": 100}
+    )
+    return Run(label, seed, summary)
+
+
+def _cell(goodputs: dict[str, list[float]]) -> CellResult:
+    runs = tuple(_run(label, seed, g) for label, gs in goodputs.items() for seed, g in enumerate(gs))
+    return CellResult("2P4D", "emulated", 16.5, runs)
+
+
+@pytest.mark.parametrize(
+    ("goodputs", "label", "expected"),
+    [
+        # behind on every trace
+        ({"a": [0.80, 0.85, 0.90], "b": [0.78, 0.82, 0.89]}, "b", "-2.0 [-3.0, -1.0]"),
+        # a tie in disguise: behind on average, ahead on one trace
+        ({"a": [0.80, 0.85, 0.90], "b": [0.70, 0.86, 0.91]}, "b", "-2.7 [-10.0, +1.0]"),
+        # the best variant itself
+        ({"a": [0.80, 0.85, 0.90], "b": [0.70, 0.86, 0.91]}, "a", "-"),
+        # one seed
+        ({"a": [0.80], "b": [0.75]}, "b", "-5.0"),
+        # only the seeds both variants ran are paired
+        ({"a": [0.80, 0.85, 0.90], "b": [0.79]}, "b", "-1.0"),
+    ],
+)
+def test_paired_gap(goodputs: dict[str, list[float]], label: str, expected: str) -> None:
+    cell = _cell(goodputs)
+    best = max(cell.labels(), key=cell.mean_goodput)
+    assert paired_gap(cell, label, best) == expected
+
+
+def test_goodput_table_bolds_the_best_and_shows_paired_gaps() -> None:
+    table = goodput_table([_cell({"a": [0.80, 0.85, 0.90], "b": [0.78, 0.82, 0.89]})], "cluster")
+    head, _, row_a, row_b = table.splitlines()
+    assert "vs best, paired (pts)" in head
+    assert "**0.850**" in row_a and row_a.count(" - |") >= 1
+    assert "-2.0 [-3.0, -1.0]" in row_b and "**" not in row_b
+
+
+def test_latency_cdfs_without_records_keep_the_plots_already_drawn(tmp_path: Path) -> None:
+    cell = _cell({"a": [0.8], "b": [0.7]})
+    assert latency_cdfs(cell, tmp_path, 0.1, 0.01) == []  # nothing to draw: no empty plots
+    drawn = tmp_path / "2P4D-ttft-cdf.png"
+    drawn.write_bytes(b"a plot drawn when the records were there")
+    assert latency_cdfs(cell, tmp_path, 0.1, 0.01) == [drawn.name]
+    assert drawn.read_bytes() == b"a plot drawn when the records were there"
