@@ -79,7 +79,7 @@ def goodput_table(
         for label in c.labels():
             runs = sorted((r for r in c.runs if r.label == label), key=lambda r: r.seed)
             g = [r.summary.goodput for r in runs]
-            m = statistics.fmean(g)
+            m = c.mean_goodput(label)  # the same arithmetic as `best`, so the best row is found exactly
             cells = [
                 c.cell_key,
                 label,
