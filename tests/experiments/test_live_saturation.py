@@ -1,23 +1,25 @@
 """The live backend's saturation search: seeded by the calibrated simulator, probing through the live runner.
 
-The runner is replaced by a goodput curve so the search's wiring is tested without engines; the live runs
-themselves are covered by tests/test_cli_run.py.
+Only the live run itself is replaced, by a goodput curve, so the search's wiring is tested without engines;
+the live runs themselves are covered by tests/test_cli_run.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 
 from calroute.cluster import ClusterFile
 from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile
+from calroute.experiments import live
 from calroute.experiments.backends import SimBackend
-from calroute.experiments.cells import Run, Variant
+from calroute.experiments.cells import Variant
 from calroute.experiments.live import LiveBackend
-from calroute.harness.live import LiveSetup
+from calroute.harness.live import LiveRun, LiveSetup
 from calroute.metrics import RunSummary
+from calroute.types import RequestSpec
 
 CAL = get_profile(DEFAULT_PROFILE).calibration
 REQUESTS = 300
@@ -29,21 +31,22 @@ def _summary(goodput: float) -> RunSummary:
 
 
 def _backend(
-    tmp_path: Path, mode: str, goodput_at: Callable[[float], float], probed: list[float]
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    mode: str,
+    goodput_at: Callable[[float], float],
+    probed: list[float],
 ) -> LiveBackend:
-    def fake_run(
-        setup: LiveSetup,
-        variant: Variant,
-        workload: str,
-        requests: int,
-        rate: float,
-        seed: int,
-        run_dir: Path,
-    ) -> Run:
-        assert variant.policy == "round_robin" and requests == REQUESTS
+    def fake_run_variant(
+        setup: LiveSetup, variant: Variant, requests: Sequence[RequestSpec], run_dir: Path
+    ) -> LiveRun:
+        # The backend's own runner builds the schedule and names the probe's directory by its rate.
+        assert variant.policy == "round_robin" and len(requests) == REQUESTS
+        rate = float(run_dir.name.removeprefix("rate-"))
         probed.append(rate)
-        return Run(variant.label, seed, _summary(goodput_at(rate)))
+        return LiveRun(_summary(goodput_at(rate)), True, 0.0)
 
+    monkeypatch.setattr(live, "run_variant", fake_run_variant)
     engines = [("prefill-0", "prefill"), ("prefill-1", "prefill")]
     engines += [(f"decode-{i}", "decode") for i in range(4)]
     cluster = ClusterFile.from_dict(
@@ -60,7 +63,6 @@ def _backend(
     backend = LiveBackend(
         "emulated", tmp_path, fixed=LiveSetup(cluster, tmp_path / "c.yaml", CAL), saturation=mode
     )
-    backend._run = fake_run  # type: ignore[method-assign]
     return backend
 
 
@@ -69,12 +71,12 @@ def _backend(
     [("live", 0.7), ("live", 1.4), ("sim", 0.7)],
 )
 def test_live_search_starts_at_half_the_calibrated_simulators_rate(
-    tmp_path: Path, mode: str, collapse_at_sim_fraction: float
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, mode: str, collapse_at_sim_fraction: float
 ) -> None:
     sim_rps = SimBackend(get_profile(DEFAULT_PROFILE)).saturation_rate(2, 4, "mixed-bursty", REQUESTS)
     collapse_rps = collapse_at_sim_fraction * sim_rps
     probed: list[float] = []
-    backend = _backend(tmp_path, mode, lambda rate: 0.95 if rate < collapse_rps else 0.5, probed)
+    backend = _backend(monkeypatch, tmp_path, mode, lambda rate: 0.95 if rate < collapse_rps else 0.5, probed)
 
     rate = backend.saturation_rate(2, 4, "mixed-bursty", REQUESTS)
     if mode == "sim":
@@ -90,7 +92,7 @@ def test_live_search_starts_at_half_the_calibrated_simulators_rate(
     [(None, "sim"), (0.5, "live")],
 )
 def test_a_workload_that_misses_the_target_unloaded_is_not_probed_at_hour_long_rates(
-    tmp_path: Path, live_unloaded_goodput: float | None, relative_to: str
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, live_unloaded_goodput: float | None, relative_to: str
 ) -> None:
     sim = SimBackend(get_profile(DEFAULT_PROFILE)).saturation(2, 4, "document", REQUESTS)
     assert sim.relative and sim.target < 0.85  # long tight-SLO prompts miss TTFT even unloaded
@@ -101,7 +103,9 @@ def test_a_workload_that_misses_the_target_unloaded_is_not_probed_at_hour_long_r
     def goodput_at(rate: float) -> float:
         return unloaded if rate < collapse_rps else 0.5 * unloaded
 
-    rate = _backend(tmp_path, "live", goodput_at, probed).saturation_rate(2, 4, "document", REQUESTS)
+    rate = _backend(monkeypatch, tmp_path, "live", goodput_at, probed).saturation_rate(
+        2, 4, "document", REQUESTS
+    )
     start_rps = sim.rate_rps / 2
     assert min(probed) >= start_rps / 8 * 0.999  # the live floor, not the simulator's 1/64
     if relative_to == "sim":
