@@ -30,7 +30,17 @@ def serve(
         Path | None,
         typer.Option(help="calibration JSON (router constants, SLO targets); default: the profile's"),
     ] = None,
-    predictor: Annotated[str, typer.Option(help="output-length predictor: bucket or constant")] = "bucket",
+    predictor: Annotated[
+        str,
+        typer.Option(
+            help="output-length predictor: bucket, constant, or oracle (studies only: each request must "
+            "carry its true length in the x-calroute-oracle-output-tokens header)"
+        ),
+    ] = "bucket",
+    predictor_noise: Annotated[
+        float, typer.Option(min=0.0, help="studies only: relative error injected into every prediction")
+    ] = 0.0,
+    predictor_seed: Annotated[int, typer.Option(help="seed of the injected error")] = 0,
     default_slo: Annotated[SloClass, typer.Option(help="SLO class of requests without an SLO header")] = (
         SloClass.LOOSE
     ),
@@ -78,6 +88,8 @@ def serve(
                 policy=policy,
                 policy_params=params,
                 predictor=predictor,
+                predictor_noise=predictor_noise,
+                predictor_seed=predictor_seed,
                 default_slo=default_slo,
                 log_path=log,
                 decision_log_path=decision_log,

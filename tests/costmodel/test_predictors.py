@@ -18,7 +18,7 @@ from calroute.errors import ConfigError
 
 def test_oracle_refuses_without_the_truth() -> None:
     assert OraclePredictor().predict(10, 77) == 77
-    with pytest.raises(ConfigError, match="simulator only"):
+    with pytest.raises(ConfigError, match="needs the true output length"):
         OraclePredictor().predict(10)
 
 

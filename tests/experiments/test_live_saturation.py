@@ -38,7 +38,7 @@ def _backend(
     probed: list[float],
 ) -> LiveBackend:
     def fake_run_variant(
-        setup: LiveSetup, variant: Variant, requests: Sequence[RequestSpec], run_dir: Path
+        setup: LiveSetup, variant: Variant, requests: Sequence[RequestSpec], run_dir: Path, seed: int
     ) -> LiveRun:
         # The backend's own runner builds the schedule and names the probe's directory by its rate.
         assert variant.policy == "round_robin" and len(requests) == REQUESTS

@@ -274,3 +274,57 @@ def test_engine_api_key_is_sent_but_never_logged(
     assert request(f"{p.url}/v1/completions", body(max_tokens=2))[0] == 200
     assert p.proxy.cfg.log_path is not None
     assert "engine-key-123" not in p.proxy.cfg.log_path.read_text()
+
+
+def _post(url: str, headers: dict[str, str]) -> tuple[int, str]:
+    import json
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(
+        url, data=json.dumps(body()).encode(), headers={"Content-Type": "application/json", **headers}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_the_oracle_predictor_reads_the_true_length_from_its_header(
+    cluster: ClusterFile, proxy_for: Callable[..., RunningProxy]
+) -> None:
+    from calroute import aio
+    from calroute.harness.loadgen import drive
+    from calroute.proxy.oracle import ORACLE_HEADER
+    from calroute.types import RequestSpec, SloClass
+
+    p = proxy_for(cluster, predictor="oracle")
+    url = f"{p.url}/v1/completions"
+    for bad in ({}, {ORACLE_HEADER: "many"}, {ORACLE_HEADER: "0"}):
+        status, text = _post(url, bad)
+        assert status == 400 and ORACLE_HEADER in text
+    assert _post(url, {ORACLE_HEADER: "37"})[0] == 200
+    # The load generator sends each request's own length: the proxy predicts exactly it.
+    specs = [RequestSpec(f"r{i}", 0.01 * i, 32, n, SloClass.TIGHT) for i, n in enumerate((3, 9, 5))]
+    result = aio.run(drive(p.url, specs, cluster.model, oracle_header=True))
+    assert all(r.status is RequestStatus.OK for r in result.records)
+    wait_for(lambda: len(records(p)) == 4)
+    assert sorted(r.predicted_output_tokens for r in records(p)) == [3, 5, 9, 37]
+
+
+def test_injected_predictor_error_is_seeded(
+    cluster: ClusterFile, proxy_for: Callable[..., RunningProxy]
+) -> None:
+    from calroute.proxy.oracle import ORACLE_HEADER
+
+    def predictions(seed: int) -> list[int]:
+        p = proxy_for(cluster, predictor="oracle", predictor_noise=0.5, predictor_seed=seed)
+        for _ in range(6):
+            assert _post(f"{p.url}/v1/completions", {ORACLE_HEADER: "100"})[0] == 200
+        wait_for(lambda: len(records(p)) == 6)
+        return [r.predicted_output_tokens for r in records(p)]
+
+    first = predictions(1)
+    assert any(n != 100 for n in first) and all(n >= 1 for n in first)
+    assert predictions(1) == first and predictions(2) != first

@@ -1,8 +1,9 @@
 """Output-length predictors: what the router believes about a request's output before it runs.
 
 Every predictor answers ``predict(prompt_tokens)`` and may learn from ``observe(prompt, output)`` after a
-request completes. Only the simulator can offer the true length (``oracle_output_tokens``); the oracle
-predictor refuses to run without it, so it cannot leak into a live deployment.
+request completes. The oracle needs the true length (``oracle_output_tokens``): the simulator has it, and a
+proxy gets it only from a study's load generator, in a header (proxy/oracle.py). It refuses to run
+without it, so it cannot silently stand in for a prediction.
 """
 
 from __future__ import annotations
@@ -26,13 +27,15 @@ class OutputLengthPredictor(Protocol):
 
 @dataclass
 class OraclePredictor:
-    """The true length. Simulator only: it has no answer without the oracle value."""
+    """The true length, for controlled studies: it has no answer without the oracle value."""
 
     name: str = "oracle"
 
     def predict(self, prompt_tokens: int, oracle_output_tokens: int | None = None) -> int:
         if oracle_output_tokens is None:
-            raise ConfigError("the oracle predictor needs the true output length (simulator only)")
+            raise ConfigError(
+                "the oracle predictor needs the true output length (from the simulator, or a study's header)"
+            )
         return oracle_output_tokens
 
     def observe(self, prompt_tokens: int, output_tokens: int) -> None:

@@ -93,7 +93,7 @@ class LiveBackend:
         run_dir: Path,
     ) -> Run:
         reqs = FamilyWorkload(workload, requests).requests(rate, seed)
-        live = run_variant(setup, variant, reqs, run_dir)
+        live = run_variant(setup, variant, reqs, run_dir, seed=seed)
         if not live.valid:
             self.progress(
                 f"  warning: {run_dir.name}: the load generator fell behind its schedule "

@@ -22,12 +22,13 @@ from calroute import aio
 from calroute.cluster import ClusterFile
 from calroute.costmodel.calibration import Calibration, mismatched
 from calroute.engines.procs import free_port, start_process_group, stop_process_group, wait_http_ready
-from calroute.errors import CalrouteError, ConfigError
+from calroute.errors import CalrouteError
 from calroute.experiments.cells import Variant
 from calroute.harness.gates import reset_prefix_caches
 from calroute.harness.loadgen import drive
 from calroute.metrics import RunSummary, SummaryAccumulator
 from calroute.records import RecordWriter
+from calroute.seeds import derive_seed
 from calroute.types import RequestSpec, SloClass
 
 WARMUP_REQUESTS = 4
@@ -51,11 +52,7 @@ class LiveRunError(CalrouteError):
     pass
 
 
-def _proxy_argv(setup: LiveSetup, variant: Variant, run_dir: Path, port: int) -> list[str]:
-    if variant.predictor == "oracle" or variant.predictor_noise:
-        raise ConfigError(
-            f"variant {variant.label}: predictor noise and the oracle are simulator-only studies"
-        )
+def _proxy_argv(setup: LiveSetup, variant: Variant, run_dir: Path, port: int, seed: int) -> list[str]:
     cal = setup.calibration if variant.router == "calibrated" else mismatched(setup.calibration)
     cal_path = run_dir / "router-calibration.json"
     cal.save(cal_path)
@@ -76,6 +73,10 @@ def _proxy_argv(setup: LiveSetup, variant: Variant, run_dir: Path, port: int) ->
         str(run_dir / "proxy.jsonl"),
         "--predictor",
         variant.predictor,
+        "--predictor-noise",
+        repr(variant.predictor_noise),
+        "--predictor-seed",
+        str(derive_seed(seed, "predictor")),  # the simulator's derivation (sim/compare.py)
     ]
     for key, value in variant.params.items():
         argv += ["--param", f"{key}={value}"]
@@ -118,7 +119,10 @@ def run_variant(
     requests: Sequence[RequestSpec],
     run_dir: Path,
     progress: Callable[[int, int], None] | None = None,
+    seed: int = 0,
 ) -> LiveRun:
+    """One variant's run on a live cluster, or its saved result when the definition is unchanged. ``seed``
+    is the arrival trace's: the injected predictor error derives from it, as on the simulator."""
     done = run_dir / "summary.json"
     definition = run_definition(variant, requests)
     if done.exists():
@@ -130,7 +134,7 @@ def run_variant(
     run_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     proxy: subprocess.Popen[bytes] = start_process_group(
-        _proxy_argv(setup, variant, run_dir, port), None, run_dir / "proxy.log"
+        _proxy_argv(setup, variant, run_dir, port, seed), None, run_dir / "proxy.log"
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -146,6 +150,7 @@ def run_variant(
                 progress=progress,
                 policy=variant.label,
                 prompt_seed=seed_of(requests),
+                oracle_header=variant.predictor == "oracle",
             )
         )
     finally:

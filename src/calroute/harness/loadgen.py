@@ -47,6 +47,7 @@ import numpy as np
 
 from calroute.errors import ConfigError
 from calroute.harness.prompts import prompt_json
+from calroute.proxy.oracle import ORACLE_HEADER
 from calroute.records import RequestRecord
 from calroute.types import RequestSpec, RequestStatus, SloClass
 
@@ -130,6 +131,7 @@ class _Run:
         requests: Sequence[RequestSpec],
         t0: float,
         slo_header: bool,
+        oracle_header: bool,
         policy: str,
         prompt_seed: int,
         timeout_s: float,
@@ -152,11 +154,18 @@ class _Run:
             c: {**base, "x-calroute-slo": c.value} if slo_header else base
             for c in (SloClass.TIGHT, SloClass.LOOSE)
         }
+        self.oracle_header = oracle_header
         n = len(requests)
         self.records: list[RequestRecord | None] = [None] * n
         self.lateness_s = np.full(n, np.nan)  # NaN: never sent (the run was interrupted first)
         self.done = 0
         self.last_end = t0
+
+    def _headers(self, spec: RequestSpec) -> dict[str, str]:
+        headers = self.headers[spec.slo_class]
+        if self.oracle_header:
+            return {**headers, ORACLE_HEADER: str(spec.output_tokens)}
+        return headers
 
     async def send(self, i: int) -> None:
         spec = self.requests[i]
@@ -175,7 +184,7 @@ class _Run:
             self.lateness_s[i] = loop.time() - at
             async with (
                 asyncio.timeout(self.timeout_s),
-                self.session.post(self.url, data=body, headers=self.headers[spec.slo_class]) as r,
+                self.session.post(self.url, data=body, headers=self._headers(spec)) as r,
             ):
                 if r.status != 200:
                     excerpt = (await r.content.read(4 * ERROR_EXCERPT_CHARS)).decode(errors="replace")
@@ -297,6 +306,7 @@ async def drive(
     model: str,
     *,
     slo_header: bool = True,
+    oracle_header: bool = False,
     progress: Callable[[int, int], None] | None = None,
     max_lateness_s: float = DEFAULT_MAX_LATENESS_S,
     timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -307,8 +317,10 @@ async def drive(
 ) -> LoadResult:
     """Send ``requests`` to ``target_url`` on their schedule (``arrival_s`` from the run start).
 
-    ``policy`` labels the records; ``prompt_seed`` varies the prompts between runs; ``progress(done, total)``
-    and ``on_record(record)`` are called as each request ends (on the event loop: keep them cheap).
+    ``oracle_header`` sends each request's true output length, for a proxy running the oracle predictor
+    (proxy/oracle.py). ``policy`` labels the records; ``prompt_seed`` varies the prompts between runs;
+    ``progress(done, total)`` and ``on_record(record)`` are called as each request ends (on the event loop:
+    keep them cheap).
     """
     if not requests:
         raise ConfigError("drive() needs at least one request")
@@ -325,7 +337,18 @@ async def drive(
             t0 = loop.time() + START_DELAY_S
             started_unix_s = time.time() + START_DELAY_S
             run = _Run(
-                s, url, model, requests, t0, slo_header, policy, prompt_seed, timeout_s, progress, on_record
+                s,
+                url,
+                model,
+                requests,
+                t0,
+                slo_header,
+                oracle_header,
+                policy,
+                prompt_seed,
+                timeout_s,
+                progress,
+                on_record,
             )
             await run.send_all(order)
     records = [r for r in run.records if r is not None]

@@ -31,6 +31,7 @@ from calroute.proxy import admin, pd
 from calroute.proxy.config import ENGINE_KEEPALIVE_S, SLOW_STEPS_PER_TOKEN, ProxyConfig
 from calroute.proxy.errors import ClientGone, EngineFailed, json_error
 from calroute.proxy.metrics import ProxyMetrics
+from calroute.proxy.oracle import ORACLE_HEADER, oracle_tokens
 from calroute.proxy.prompt_length import PromptLength
 from calroute.proxy.signals import Signals
 from calroute.proxy.slo import slo_class
@@ -62,6 +63,7 @@ class _Flight:
     output_tokens: int = 0
     recorded: bool = False
     forwarded: dict[str, str] = field(default_factory=dict)  # client headers on the allow-list
+    oracle_tokens: int | None = None  # the true output length (ORACLE_HEADER): oracle studies only
 
 
 class Proxy:
@@ -79,7 +81,7 @@ class Proxy:
             )
         self.router = Router(
             make_policy(cfg.policy, cfg.policy_params, cfg.calibration),
-            make_predictor(cfg.predictor),
+            make_predictor(cfg.predictor, noise=cfg.predictor_noise, seed=cfg.predictor_seed),
             self.ledger,
             online=online,
         )
@@ -189,6 +191,15 @@ class Proxy:
             slo = slo_class(request.headers, self.cfg.calibration.slo, self.cfg.default_slo)
         except ValueError as e:
             return json_error(400, str(e), param="headers")
+        true_tokens: int | None = None
+        if self.cfg.predictor == "oracle":
+            true_tokens = oracle_tokens(request.headers.get(ORACLE_HEADER))
+            if true_tokens is None:
+                return json_error(
+                    400,
+                    f"the oracle predictor needs the {ORACLE_HEADER} header: a positive integer",
+                    param="headers",
+                )
         tokens, chars = self.prompt_length.estimate(body)
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         flight = _Flight(
@@ -199,6 +210,7 @@ class Proxy:
             chars,
             max_tokens if isinstance(max_tokens, int) else 0,
             forwarded=pd.forwarded(request.headers),
+            oracle_tokens=true_tokens,
         )
         try:
             return await self._serve(request, body, path, flight)
@@ -233,7 +245,9 @@ class Proxy:
         for _ in range(self.cfg.max_attempts):
             started = time.perf_counter()
             try:
-                adm, decision = self.router.admit(f.request_id, f.prompt_tokens, f.slo, self.now())
+                adm, decision = self.router.admit(
+                    f.request_id, f.prompt_tokens, f.slo, self.now(), f.oracle_tokens
+                )
             except NoCandidateError as e:
                 self._finish(f, RequestStatus.FAILED, str(e))
                 return json_error(503, f"no engine can serve the request: {e}", "ServiceUnavailable")

@@ -25,6 +25,10 @@ class ProxyConfig:
     policy: str = "marginal_cost"
     policy_params: dict[str, Any] = field(default_factory=dict)
     predictor: str = "bucket"
+    # Studies only: relative error injected into the predictor's answer (the paper's noise study), and its
+    # seed. With predictor "oracle" the true length comes from a header (proxy/oracle.py).
+    predictor_noise: float = 0.0
+    predictor_seed: int = 0
     default_slo: SloClass = SloClass.LOOSE
     log_path: Path | None = None
     decision_log_path: Path | None = None  # every decision with the view it was made on (decisions.py)
@@ -39,7 +43,7 @@ class ProxyConfig:
     engine_api_key: str | None = None  # from CALROUTE_ENGINE_API_KEY; sent to engines, never logged
 
     def __post_init__(self) -> None:
-        if self.predictor == "oracle":
-            raise ConfigError("the oracle predictor needs the true output length: simulator only")
+        if self.predictor_noise < 0:
+            raise ConfigError(f"predictor_noise must be >= 0, got {self.predictor_noise}")
         if self.max_attempts < 1:
             raise ConfigError(f"max_attempts must be >= 1, got {self.max_attempts}")
