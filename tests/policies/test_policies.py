@@ -107,6 +107,15 @@ def test_random_is_roughly_uniform_and_seeded(calibration: Calibration) -> None:
 
 
 PAPER = {"w_b_dec": 1.0}  # the paper's decode price: the backlog weighted like prefill's
+STEP = {"step_curve": True}  # decode priced by the calibrated step curve after admission
+# Eight short streams against two long ones holding more KV (A40 profile: a stream costs as much step time
+# as ~900 context tokens).
+MANY_SHORT_VS_FEW_LONG = [
+    {"in_flight": 8, "kv_used_tokens": 8_000},
+    {"in_flight": 2, "kv_used_tokens": 12_000},
+]
+# One stream with its KV overcommitted against sixty streams with room.
+OVERCOMMITTED = [{"in_flight": 1, "kv_committed_tokens": 70_000}, {"in_flight": 60, "kv_used_tokens": 20_000}]
 
 
 @pytest.mark.parametrize(
@@ -144,6 +153,19 @@ PAPER = {"w_b_dec": 1.0}  # the paper's decode price: the backlog weighted like 
         ),
         # all equal: the in-flight tie-breaker
         ([{"in_flight": 2}, {"in_flight": 1}], {}, {}, "decode-1"),
+        # the KV price sees only tokens; the step curve also prices each stream's per-step cost
+        (MANY_SHORT_VS_FEW_LONG, {}, {}, "decode-0"),
+        (MANY_SHORT_VS_FEW_LONG, {}, STEP, "decode-1"),
+        # the step curve with equal streams: the lighter context wins
+        (
+            [{"in_flight": 2, "kv_used_tokens": 50_000}, {"in_flight": 2, "kv_used_tokens": 1_000}],
+            {},
+            STEP,
+            "decode-1",
+        ),
+        # past the KV budget the request would wait: rho prices the overflow (a cheaper step loses)
+        (OVERCOMMITTED, {"predicted_output_tokens": 2000}, STEP, "decode-1"),
+        (OVERCOMMITTED, {"predicted_output_tokens": 2000}, {**STEP, "rho": 0.0}, "decode-0"),
     ],
 )
 def test_marginal_cost_decode(

@@ -31,6 +31,15 @@ an engine finishing one long generation and onto one crowded with short ones. On
 2P+3D pool; with w_b_dec = 0 marginal_cost is at or above the best baseline in every cell of
 `calroute experiment failure-regions` (docs/results/). ``w_b_dec=1`` gives the paper's policy back.
 
+step_curve=True prices a decode instance with the calibrated step curve instead of the (1 + rho * press)
+inflation: the request's own decode time there is o_hat * step_s(in_flight + 1, kv_after), with step_s =
+base + per_seq * batch + per_ctx * context from the calibration, and rho now prices only the part of
+kv_after beyond the KV budget (the request would wait for room). rho * press is not calibrated: with
+rho = 1 a full KV cache doubles the price, where the calibrated A40 curve adds about a fifth, and a stream
+costs nothing however many there are. So the KV price balances tokens and not streams: on live reasoning
+traffic it chose decode engines with 1.8 more streams than the emptiest, as round-robin did, and each stream
+delays a new request's first token.
+
 Feature switches remove one admission-time feature at a time (the paper's ablation, section V-G):
 use_output_length=False prices every request at ``fallback_output_tokens``; use_kv_pressure=False drops the
 (1 + rho * press) factor; use_slo=False sets sigma to 1 for every class; use_prompt_length=False drops the
@@ -64,6 +73,9 @@ class Params:
     use_slo: bool = True
     use_prompt_length: bool = True
     fallback_output_tokens: int = 256  # the price of every request when output length is not used
+    # Price decode with the calibrated step curve after admission instead of tau_dec x (1 + rho x press):
+    # see the module docstring.
+    step_curve: bool = False
 
     def __post_init__(self) -> None:
         for name in ("w_b", "w_b_dec", "w_s", "w_q", "w_cobatch", "rho"):
@@ -83,6 +95,7 @@ class MarginalCost:
         self.params = params
         self.tau_pre_s = calibration.tau_pre_s
         self.tau_dec_s = calibration.tau_dec_s
+        self.step = calibration.decode
 
     def route(self, adm: Admission, view: ClusterView) -> RouteDecision:
         # Params read into locals, and plain loops: a generator or comprehension would turn those locals into
@@ -109,13 +122,26 @@ class MarginalCost:
         own_dec_s = pr.w_s * o_hat * self.tau_dec_s
         footprint = prompt + o_hat
         costs = []
-        for s in dec:
-            used, committed = s.kv_used_tokens, s.kv_committed_tokens
-            kv = (committed if committed > used else used) + footprint
-            costs.append(
-                sigma * (w_b_dec * s.backlog_s + own_dec_s * (1.0 + rho * kv / s.kv_capacity_tokens))
-                + w_q * s.in_flight
-            )
+        if pr.step_curve:
+            own_tokens = pr.w_s * o_hat
+            base_s, per_seq_s, per_ctx_s = self.step.base_s, self.step.per_seq_s, self.step.per_ctx_token_s
+            for s in dec:
+                used, committed = s.kv_used_tokens, s.kv_committed_tokens
+                kv = (committed if committed > used else used) + footprint
+                step_s = base_s + per_seq_s * (s.in_flight + 1) + per_ctx_s * kv
+                over = kv - s.kv_capacity_tokens
+                cliff = rho * over / s.kv_capacity_tokens if over > 0 else 0.0
+                costs.append(
+                    sigma * (w_b_dec * s.backlog_s + own_tokens * step_s * (1.0 + cliff)) + w_q * s.in_flight
+                )
+        else:
+            for s in dec:
+                used, committed = s.kv_used_tokens, s.kv_committed_tokens
+                kv = (committed if committed > used else used) + footprint
+                costs.append(
+                    sigma * (w_b_dec * s.backlog_s + own_dec_s * (1.0 + rho * kv / s.kv_capacity_tokens))
+                    + w_q * s.in_flight
+                )
         dec_costs = tuple(costs)
         p = argmin_rotating(pre_costs, view.seq)
         d = argmin_rotating(dec_costs, view.seq)
