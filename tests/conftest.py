@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from calroute.cluster import ClusterFile
 from calroute.costmodel.calibration import Calibration
 from calroute.costmodel.profiles import HardwareProfile, get_profile
 from calroute.types import Admission, ClusterView, InstanceState, Role, SloClass
@@ -57,3 +58,20 @@ def profile() -> HardwareProfile:
 @pytest.fixture
 def calibration(profile: HardwareProfile) -> Calibration:
     return profile.calibration
+
+
+def unreachable_cluster(prefill: int, decode: int) -> ClusterFile:
+    """A cluster file whose engines are never contacted (tests that replace the runs or the server)."""
+    engines = [(f"prefill-{i}", "prefill") for i in range(prefill)]
+    engines += [(f"decode-{i}", "decode") for i in range(decode)]
+    return ClusterFile.from_dict(
+        {
+            "kind": "emulated",
+            "model": "emulated",
+            "max_model_len": 32768,
+            "engines": [
+                {"id": e, "role": r, "url": f"http://127.0.0.1:{9 + i}", "kv_capacity_tokens": 60000}
+                for i, (e, r) in enumerate(engines)
+            ],
+        }
+    )

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from calroute.cluster import ClusterFile
 from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile
 from calroute.experiments import live
 from calroute.experiments.backends import SimBackend
@@ -20,6 +19,7 @@ from calroute.experiments.live import LiveBackend
 from calroute.harness.live import LiveRun, LiveSetup
 from calroute.metrics import RunSummary
 from calroute.types import RequestSpec
+from tests.conftest import unreachable_cluster
 
 CAL = get_profile(DEFAULT_PROFILE).calibration
 REQUESTS = 300
@@ -47,19 +47,7 @@ def _backend(
         return LiveRun(_summary(goodput_at(rate)), True, 0.0)
 
     monkeypatch.setattr(live, "run_variant", fake_run_variant)
-    engines = [("prefill-0", "prefill"), ("prefill-1", "prefill")]
-    engines += [(f"decode-{i}", "decode") for i in range(4)]
-    cluster = ClusterFile.from_dict(
-        {
-            "kind": "emulated",
-            "model": "emulated",
-            "max_model_len": 32768,
-            "engines": [
-                {"id": e, "role": r, "url": f"http://127.0.0.1:{9 + i}", "kv_capacity_tokens": 60000}
-                for i, (e, r) in enumerate(engines)
-            ],
-        }
-    )
+    cluster = unreachable_cluster(2, 4)
     backend = LiveBackend(
         "emulated", tmp_path, fixed=LiveSetup(cluster, tmp_path / "c.yaml", CAL), saturation=mode
     )

@@ -8,28 +8,17 @@ import pytest
 from typer.testing import CliRunner
 
 from calroute.cli import app
-from calroute.cluster import ClusterFile
 from calroute.costmodel.profiles import get_profile
 from calroute.experiments.cells import Variant
 from calroute.harness.live import LiveSetup, _proxy_argv
 from calroute.seeds import derive_seed
+from tests.conftest import unreachable_cluster
 
 CAL = get_profile("a40-qwen2.5-3b").calibration
 
 
 def _setup(tmp_path: Path) -> LiveSetup:
-    engines = [("prefill-0", "prefill"), ("decode-0", "decode")]
-    cluster = ClusterFile.from_dict(
-        {
-            "kind": "emulated",
-            "model": "emulated",
-            "max_model_len": 32768,
-            "engines": [
-                {"id": e, "role": r, "url": f"http://127.0.0.1:{9 + i}", "kv_capacity_tokens": 60000}
-                for i, (e, r) in enumerate(engines)
-            ],
-        }
-    )
+    cluster = unreachable_cluster(1, 1)
     path = tmp_path / "cluster.yaml"
     cluster.save(path)
     return LiveSetup(cluster, path, CAL)
