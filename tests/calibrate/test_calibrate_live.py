@@ -238,7 +238,9 @@ def test_real_vllm_calibration_completes(vllm_cluster: ClusterFile, tmp_path: Pa
     started = time.perf_counter()
     lines: list[str] = []
     try:
-        cal, report = calibrate_cluster(vllm_cluster, 30.0, lines.append)
+        # 60 s: a real CPU engine can stall for a whole request timeout (seen once in CI: two handoffs timed
+        # out and the prefill sweep overran a 30 s budget, leaving the decode sweep no time).
+        cal, report = calibrate_cluster(vllm_cluster, 60.0, lines.append)
     finally:
         print("\n".join(lines))  # shown when the test fails: where the budget went
     wall_s = time.perf_counter() - started
@@ -254,7 +256,7 @@ def test_real_vllm_calibration_completes(vllm_cluster: ClusterFile, tmp_path: Pa
     assert cal.provenance["cluster"]["kind"] == "vllm"
     assert "cache_config_info" in cal.provenance["kv_bytes_per_token_source"]
     fits = report["fits"]
-    print(f"\nreal vLLM 1P+1D: wall {wall_s:.1f} s (budget 30 s)")
+    print(f"\nreal vLLM 1P+1D: wall {wall_s:.1f} s (budget 60 s)")
     for name, fit in fits.items():
         assert isinstance(fit["r2_fit"], float) and fit["n_fit"] >= 3, (name, fit)
         print(
@@ -265,4 +267,4 @@ def test_real_vllm_calibration_completes(vllm_cluster: ClusterFile, tmp_path: Pa
         )
     for k, v in constants.items():
         print(f"  {k:32s} {v:.4g}")
-    assert wall_s < 60.0
+    assert wall_s < 90.0  # the budget, plus the last requests' completion
