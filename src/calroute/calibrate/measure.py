@@ -413,7 +413,8 @@ def _event_tokens(event: bytes, url: str) -> int:
 
 
 async def warm_up(client: EngineClient, cluster: ClusterFile, progress: Progress) -> None:
-    """One request per engine, then one handoff per prefill x decode pair; any failure is fatal."""
+    """One request per engine, then one handoff per prefill x decode pair. A failed pass is tried once more
+    (a fresh CPU vLLM engine has answered its first handoff with a 500); a second failure is fatal."""
 
     async def plain(e: ClusterEngine) -> None:
         await client.stream(e.url, client.prompt(32), 2, WARMUP_TIMEOUT_S)
@@ -424,13 +425,17 @@ async def warm_up(client: EngineClient, cluster: ClusterFile, progress: Progress
         await client.stream(d.url, prompt, HANDOFF_OUTPUT_TOKENS, WARMUP_TIMEOUT_S, kv)
 
     started = time.perf_counter()
-    try:
-        await asyncio.gather(*(plain(e) for e in cluster.engines))
-        pre, dec = cluster.prefill, cluster.decode
-        for r in range(len(dec)):  # rounds of disjoint pairs (when P <= D) so rounds run concurrently
-            await asyncio.gather(*(pair(p, dec[(i + r) % len(dec)]) for i, p in enumerate(pre)))
-    except RequestFailed as e:
-        raise CalibrationError(f"warm-up failed: {e}") from e
+    for attempt in (1, 2):
+        try:
+            await asyncio.gather(*(plain(e) for e in cluster.engines))
+            pre, dec = cluster.prefill, cluster.decode
+            for r in range(len(dec)):  # rounds of disjoint pairs (when P <= D) so rounds run concurrently
+                await asyncio.gather(*(pair(p, dec[(i + r) % len(dec)]) for i, p in enumerate(pre)))
+            break
+        except RequestFailed as e:
+            if attempt == 2:
+                raise CalibrationError(f"warm-up failed twice: {e}") from e
+            progress(f"warm-up: {e}; trying once more")
     progress(
         f"warm-up: {len(cluster.engines)} engines and {len(pre) * len(dec)} prefill x decode pairs "
         f"in {time.perf_counter() - started:.1f} s"
