@@ -48,6 +48,9 @@ MIN_DURATION_S = 5.0
 # The sweeps get at least this long even when a slow warm-up (real vLLM on CPU compiles its first shapes
 # for ~30 s) ate the budget: a calibration that overruns says so; one with no samples is no calibration.
 MIN_SWEEP_S = 20.0
+# Likewise the decode sweep when a slow prefill sweep (CPU vLLM stalls a handoff now and then) left it
+# less: its first batch alone is priced at a pessimistic step time of seconds.
+MIN_DECODE_S = 12.0
 MIN_SAMPLES = 6  # per sweep: three constants, a held-out point, and room to reject an outlier
 METHOD = (
     "calroute calibrate: unloaded P/D prefills over a geometric prompt ladder (client-observed latency); "
@@ -179,6 +182,12 @@ async def _calibrate(
         phase_started = time.perf_counter()
         # The decode share grows by whatever the prefill phase left unused.
         decode_budget_s = left_s * (PREFILL_SHARE + DECODE_SHARE) - prefill_phase_s
+        if decode_budget_s < MIN_DECODE_S:
+            progress(
+                f"prefill sweep took {prefill_phase_s:.1f} s: measuring decode for {MIN_DECODE_S:g} s anyway "
+                f"(the calibration will overrun by {MIN_DECODE_S - decode_budget_s:.0f} s)"
+            )
+            decode_budget_s = MIN_DECODE_S
         decodes = await decode_sweep(client, cluster, pre_fit.curve, decode_budget_s, progress)
         decode_phase_s = time.perf_counter() - phase_started
     _enough("decode", len(decodes), duration_s)
