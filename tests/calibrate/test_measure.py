@@ -68,6 +68,15 @@ def test_steady_window_skips_other_batches_bursts() -> None:
     assert clean == pytest.approx(STEP_S)
 
 
+def test_steady_window_rejects_tokens_read_at_once() -> None:
+    # A starved API server flushes a backlog of tokens in one read: arrival times then carry no step time.
+    trace = _trace(0.0, 40)
+    last = len(trace.events) - 1
+    trace.events = [(t if i in (0, last) else 0.5, n) for i, (t, n) in enumerate(trace.events)]
+    with pytest.raises(RequestFailed, match="at once"):
+        steady_window([trace, _trace(0.0, 40)], 10)
+
+
 def test_largest_gap() -> None:
     assert _largest_gap(0, 10, []) == (0, 10)
     assert _largest_gap(0, 10, [(2, 3), (6, 7)]) == (3, 6)

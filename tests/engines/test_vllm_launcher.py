@@ -19,6 +19,7 @@ from calroute.engines.procs import (
     EngineStartError,
     free_port,
     process_group_alive,
+    spread_group_threads,
     start_process_group,
     stop_process_group,
     wait_http_ready,
@@ -302,6 +303,42 @@ def test_timeout_raises_with_log_tail(tmp_path: Path, started: list[subprocess.P
     assert "still loading weights" in str(info.value)
 
 
+def _group_affinities(pgid: int) -> list[set[int]]:
+    affinities = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and os.getpgid(int(entry.name)) == pgid:
+                affinities += [os.sched_getaffinity(int(task.name)) for task in (entry / "task").iterdir()]
+        except OSError:
+            continue  # exited while we looked
+    return affinities
+
+
+def test_spread_group_threads_undoes_a_pin(tmp_path: Path, started: list[subprocess.Popen[bytes]]) -> None:
+    # Like vLLM's CPU NIXL worker: a thread pins itself to the last core after other threads started.
+    cpus = os.sched_getaffinity(0)
+    code = (
+        "import os, threading, time\n"
+        "threading.Thread(target=time.sleep, args=(1000,), daemon=True).start()\n"
+        f"os.sched_setaffinity(0, {{{max(cpus)}}})\n"
+        "print('pinned', flush=True)\n"
+        "time.sleep(1000)"
+    )
+    log = tmp_path / "pinned.log"
+    proc = start_process_group([sys.executable, "-c", code], None, log)
+    started.append(proc)
+    deadline_s = time.monotonic() + 10.0
+    while "pinned" not in log.read_text() and time.monotonic() < deadline_s:
+        time.sleep(0.05)
+    assert {max(cpus)} in _group_affinities(proc.pid)
+
+    changed = spread_group_threads(proc.pid, cpus)
+    assert changed == (1 if len(cpus) > 1 else 0)  # only the main thread was pinned
+    assert all(a == cpus for a in _group_affinities(proc.pid))
+    assert spread_group_threads(proc.pid, cpus) == 0  # idempotent
+    stop_process_group(proc.pid, timeout_s=5.0)
+
+
 def test_refuses_to_stop_our_own_group() -> None:
     with pytest.raises(ValueError):
         stop_process_group(os.getpgrp())
@@ -331,6 +368,8 @@ def test_real_vllm_engine_serves_and_stops(tmp_path: Path) -> None:
     try:
         wait_ready([engine], timeout_s=180.0)
         print(f"engine ready in {time.monotonic() - t0_s:.1f} s")
+        # NIXL's worker pins its model thread to the last core; wait_ready lets it use every core again.
+        assert all(a == os.sched_getaffinity(0) for a in _group_affinities(engine.pgid))
         with urllib.request.urlopen(f"{engine.url}/v1/models", timeout=10) as resp:
             models = json.load(resp)
         assert [m["id"] for m in models["data"]] == ["tiny"]

@@ -227,7 +227,12 @@ def steady_window(
         tokens = int(cum[z] - cum[a])
         if tokens < MIN_WINDOW_TOKENS:
             raise RequestFailed(f"steady window too short ({tokens} tokens)")
-        tpots.append((trace.events[z][0] - trace.events[a][0]) / tokens)
+        span_s = trace.events[z][0] - trace.events[a][0]
+        if span_s <= 0:
+            # The tokens were read in one chunk: the client or the engine's API server fell behind, so their
+            # arrival times say nothing of the engine's step time.
+            raise RequestFailed(f"{tokens} tokens arrived at once: no per-token time")
+        tpots.append(span_s / tokens)
         context += prompt_tokens + (int(cum[a]) + 1 + int(cum[z])) / 2 - 2
         counts.append(tokens)
     return statistics.median(tpots), context, int(statistics.median(counts))

@@ -72,6 +72,28 @@ def _group_members(pgid: int) -> list[tuple[int, str]] | None:
     return members
 
 
+def spread_group_threads(pgid: int, cpus: set[int]) -> int:
+    """Let every thread of every process in the group run on ``cpus``; returns how many threads changed.
+
+    Threads that exit while we walk the group are skipped; so is a machine without /proc (nothing to do).
+    """
+    members = _group_members(pgid) or []
+    changed = 0
+    for pid, _ in members:
+        try:
+            tids = [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()]
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                if os.sched_getaffinity(tid) != cpus:
+                    os.sched_setaffinity(tid, cpus)
+                    changed += 1
+            except OSError:
+                continue
+    return changed
+
+
 def process_group_alive(pgid: int) -> bool:
     """True while any process of the group is running; zombies (exited, not yet reaped) do not count."""
     members = _group_members(pgid)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from calroute.engines.procs import (
     process_group_alive,
+    spread_group_threads,
     start_process_group,
     stop_process_group,
     wait_http_ready,
@@ -189,6 +190,22 @@ def wait_ready(engines: Sequence[VllmEngine], timeout_s: float = 180.0) -> None:
             proc=engine.popen,
             log_path=engine.log_path,
         )
+    for engine in engines:
+        unpin(engine)
+
+
+def unpin(engine: VllmEngine) -> int:
+    """Undo the core reservation of vLLM's CPU NixlConnector: let all of the engine's threads use every core
+    this process may use. Returns how many threads were pinned.
+
+    On CPU, the NIXL worker pins its model thread to the last core of each NUMA node (reserving it for KV
+    loads). On one machine that puts every engine's model thread on the same core, where the two idle
+    workers' spin-waits (sched_yield) starve each other: back-to-back handoffs on a 1P+1D cluster then
+    stalled for up to the 30 s KV lease, and prefills took ~1 s, in every run; unpinned, none did (3 runs
+    each, 40 handoffs per run). The pin is set while the engine loads, so it is done by the time /health
+    answers.
+    """
+    return spread_group_threads(engine.pgid, os.sched_getaffinity(0))
 
 
 def stop(engine: VllmEngine, timeout_s: float = 20.0) -> None:
