@@ -77,6 +77,15 @@ def test_steady_window_rejects_tokens_read_at_once() -> None:
         steady_window([trace, _trace(0.0, 40)], 10)
 
 
+def test_a_stream_read_at_once_is_a_failed_sample_not_a_capped_batch() -> None:
+    # A batch of one whose answer came in one read: dropping it must not mark batch size 1 as too big.
+    burst = StreamTrace(sent_s=0.0, events=[(0.3, 1), (0.3, 20)])
+    for traces in ([burst], [burst, _trace(0.0, 40)]):
+        with pytest.raises(RequestFailed, match="at once") as info:
+            steady_window(traces, 10)
+        assert not isinstance(info.value, NoSteadyWindow)
+
+
 def test_largest_gap() -> None:
     assert _largest_gap(0, 10, []) == (0, 10)
     assert _largest_gap(0, 10, [(2, 3), (6, 7)]) == (3, 6)

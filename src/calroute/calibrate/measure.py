@@ -210,6 +210,10 @@ def steady_window(
     """
     if any(not t.events for t in traces):
         raise RequestFailed("a stream returned no tokens")
+    if any(t.events[-1][0] <= t.events[0][0] for t in traces):
+        # Not a sign of a capped batch (a batch of one has the same): the client or the engine's API server
+        # fell behind and read the whole answer at once. The sample says nothing; the batch size stays.
+        raise RequestFailed("a stream's tokens all arrived at once: no per-token time")
     t_start = max(t.events[0][0] for t in traces)
     t_end = min(t.events[-1][0] for t in traces)
     if t_end <= t_start:
