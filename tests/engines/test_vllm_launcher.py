@@ -257,19 +257,23 @@ def test_stop_kills_the_whole_group(tmp_path: Path, started: list[subprocess.Pop
     assert not process_group_alive(proc.pid)
 
 
-def test_term_ignoring_group_is_killed(tmp_path: Path, started: list[subprocess.Popen[bytes]]) -> None:
-    code = (
-        "import signal, time\n"
-        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-        "print('up', flush=True)\n"
-        "time.sleep(1000)"
+def start_python_group(
+    code: str, ready: str, log: Path, started: list[subprocess.Popen[bytes]]
+) -> subprocess.Popen[bytes]:
+    """Run ``code`` in a process group of its own; return once it has printed ``ready`` (or after 10 s)."""
+    proc = start_process_group(
+        [sys.executable, "-c", f"{code}\nprint({ready!r}, flush=True)\ntime.sleep(1000)"], None, log
     )
-    log = tmp_path / "stubborn.log"
-    proc = start_process_group([sys.executable, "-c", code], None, log)
     started.append(proc)
     deadline_s = time.monotonic() + 10.0
-    while "up" not in log.read_text() and time.monotonic() < deadline_s:
+    while ready not in log.read_text() and time.monotonic() < deadline_s:
         time.sleep(0.05)
+    return proc
+
+
+def test_term_ignoring_group_is_killed(tmp_path: Path, started: list[subprocess.Popen[bytes]]) -> None:
+    code = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)"
+    proc = start_python_group(code, "up", tmp_path / "stubborn.log", started)
 
     t0_s = time.monotonic()
     stop_process_group(proc.pid, timeout_s=0.5)
@@ -320,16 +324,9 @@ def test_spread_group_threads_undoes_a_pin(tmp_path: Path, started: list[subproc
     code = (
         "import os, threading, time\n"
         "threading.Thread(target=time.sleep, args=(1000,), daemon=True).start()\n"
-        f"os.sched_setaffinity(0, {{{max(cpus)}}})\n"
-        "print('pinned', flush=True)\n"
-        "time.sleep(1000)"
+        f"os.sched_setaffinity(0, {{{max(cpus)}}})"
     )
-    log = tmp_path / "pinned.log"
-    proc = start_process_group([sys.executable, "-c", code], None, log)
-    started.append(proc)
-    deadline_s = time.monotonic() + 10.0
-    while "pinned" not in log.read_text() and time.monotonic() < deadline_s:
-        time.sleep(0.05)
+    proc = start_python_group(code, "pinned", tmp_path / "pinned.log", started)
     assert {max(cpus)} in _group_affinities(proc.pid)
 
     changed = spread_group_threads(proc.pid, cpus)
