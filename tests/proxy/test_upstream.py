@@ -215,6 +215,27 @@ def test_idle_connections_expire() -> None:
     run(go())
 
 
+def test_idle_connections_are_closed_without_new_requests() -> None:
+    # After a burst of concurrent requests, every connection it opened is closed once idle for keepalive_s.
+    async def go() -> None:
+        engine = Engine(json_answer)
+        async with engine as ep:
+            ep.keepalive_s = 0.1
+
+            async def one() -> None:
+                async with await ep.request("POST", "/v1/completions", {}, b"{}") as resp:
+                    await resp.read()
+
+            await asyncio.gather(*(one() for _ in range(5)))
+            assert engine.connections == 5
+            kept = [conn for _, conn in ep._idle]
+            assert len(kept) == 5 and not any(w.is_closing() for _, w in kept)
+            await asyncio.sleep(0.3)
+            assert not ep._idle and all(w.is_closing() for _, w in kept)
+
+    run(go())
+
+
 def test_an_engine_that_is_down_is_an_upstream_error() -> None:
     async def go() -> None:
         server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)

@@ -148,14 +148,32 @@ class Endpoint:
         # The engine's server drops idle connections after a while (uvicorn: 5 s); one kept for less than
         # that is never in the middle of being closed when we send on it.
         self.keepalive_s = keepalive_s
+        # Oldest first; the newest is reused first, so the connections a burst opened go idle and expire.
         self._idle: deque[tuple[float, Connection]] = deque()
+        self._expiry: asyncio.TimerHandle | None = None
 
     def give_back(self, conn: Connection) -> None:
         self._idle.append((time.monotonic(), conn))
+        if self._expiry is None:
+            self._expiry = asyncio.get_running_loop().call_later(self.keepalive_s, self._expire)
 
     def close(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
         while self._idle:
             self._idle.pop()[1][1].close()
+
+    def _expire(self) -> None:
+        # Close expired connections even when no request comes to reuse one: the engine would close them
+        # soon, and a socket it closed stays in CLOSE_WAIT on our side until we close it too.
+        self._expiry = None
+        now = time.monotonic()
+        while self._idle and now - self._idle[0][0] >= self.keepalive_s:
+            self._idle.popleft()[1][1].close()
+        if self._idle:
+            wait_s = self._idle[0][0] + self.keepalive_s - now
+            self._expiry = asyncio.get_running_loop().call_later(wait_s, self._expire)
 
     def _take_idle(self) -> Connection | None:
         now = time.monotonic()
