@@ -133,8 +133,19 @@ def test_silence_is_a_timeout_and_a_break_is_an_upstream_error() -> None:
         w.write(b"5\r\nda")  # half a chunk, then the connection goes
         return False
 
+    async def silent_until_close(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
+        w.write(b'HTTP/1.0 200 OK\r\n\r\ndata: {"n": 0}\n\n')
+        await w.drain()
+        await asyncio.sleep(5)
+        return False
+
     async def go() -> None:
-        for handler, error in ((silent_after_one, TimeoutError), (breaks_after_one, UpstreamError)):
+        cases = (
+            (silent_after_one, TimeoutError),
+            (silent_until_close, TimeoutError),
+            (breaks_after_one, UpstreamError),
+        )
+        for handler, error in cases:
             async with Engine(handler) as ep:
                 async with await ep.request("POST", "/v1/completions", {}, b"{}", read_timeout_s=0.3) as resp:
                     parts = resp.parts()

@@ -119,18 +119,54 @@ class Response:
         stays silent for longer than the read timeout."""
         assert self._conn is not None, "the response was closed"
         pieces = body_parts(self._conn[0], self.head).__aiter__()
-        while True:
-            try:
-                async with asyncio.timeout(self._read_timeout_s):
+        watch = None if self._read_timeout_s is None else _Silence(self._conn[1], self._read_timeout_s)
+        try:
+            while True:
+                if watch is not None:
+                    watch.reading = asyncio.get_running_loop().time()
+                try:
                     part = await pieces.__anext__()
-            except StopAsyncIteration:
-                self._complete = True
-                return
-            except TimeoutError:
-                raise
-            except TRANSPORT_ERRORS as e:
-                raise UpstreamError(f"{type(e).__name__}: {e}") from e
-            yield part
+                except StopAsyncIteration:
+                    if watch is not None and watch.fired:  # a close-delimited body cut off by the watch
+                        raise TimeoutError(f"the engine was silent for {self._read_timeout_s:g} s") from None
+                    self._complete = True
+                    return
+                except TRANSPORT_ERRORS as e:
+                    if watch is not None and watch.fired:
+                        raise TimeoutError(f"the engine was silent for {self._read_timeout_s:g} s") from e
+                    raise UpstreamError(f"{type(e).__name__}: {e}") from e
+                if watch is not None:
+                    watch.reading = None
+                yield part
+        finally:
+            if watch is not None:
+                watch.cancel()
+
+
+class _Silence:
+    """Aborts a connection whose engine stays silent for ``timeout_s`` while a read waits. One timer per
+    response, moved only when it fires: a timeout per read (asyncio.timeout) cost about 5 % of the proxy's
+    CPU, one per SSE event."""
+
+    def __init__(self, writer: asyncio.StreamWriter, timeout_s: float) -> None:
+        self._writer = writer
+        self._timeout_s = timeout_s
+        self._loop = asyncio.get_running_loop()
+        self.reading: float | None = None  # when the pending read began; None between reads
+        self.fired = False
+        self._timer = self._loop.call_later(timeout_s, self._check)
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        if self.reading is None or now - self.reading < self._timeout_s:
+            due = now + self._timeout_s if self.reading is None else self.reading + self._timeout_s
+            self._timer = self._loop.call_at(due, self._check)
+            return
+        self.fired = True
+        self._writer.transport.abort()
+
+    def cancel(self) -> None:
+        self._timer.cancel()
 
 
 class Endpoint:
