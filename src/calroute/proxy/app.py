@@ -10,6 +10,7 @@ to the client and never count against the engine. Every admitted request ends in
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -18,7 +19,6 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-import aiohttp
 from aiohttp import web
 
 from calroute.calibrate.online import OnlineCalibrator
@@ -36,6 +36,7 @@ from calroute.proxy.prompt_length import PromptLength
 from calroute.proxy.signals import Signals
 from calroute.proxy.slo import slo_class
 from calroute.proxy.sse import scan
+from calroute.proxy.upstream import Endpoint, Response, UpstreamError
 from calroute.records import RecordWriter, RequestRecord
 from calroute.router import Router
 from calroute.types import RequestStatus, SloClass
@@ -97,7 +98,8 @@ class Proxy:
         self.metrics = ProxyMetrics(self._live, self._prices)
         self.prompt_length = PromptLength()
         self.urls = {e.id: e.url for e in cfg.cluster.engines}
-        self._session: aiohttp.ClientSession | None = None
+        # Client traffic only: the polls and probes keep connections of their own (signals.py).
+        self._endpoints = {e.id: Endpoint(e.url, ENGINE_KEEPALIVE_S) for e in cfg.cluster.engines}
         self._log: IO[str] | None = None
         self._writer: RecordWriter | None = None
         self._decision_stream: IO[str] | None = None
@@ -142,12 +144,6 @@ class Proxy:
         return app
 
     async def _startup(self, app: web.Application) -> None:
-        # vLLM's API server (uvicorn) drops idle keep-alive connections after 5 s; pooling ours for less than
-        # that means we never send a request on a connection the engine is closing at that moment.
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, keepalive_timeout=ENGINE_KEEPALIVE_S)
-        # Client traffic only: the polls and probes keep connections of their own (signals.py), since a
-        # pool shared with a 20 Hz poll never lets the connections of a past burst expire.
-        self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         if self.cfg.log_path is not None:
             self.cfg.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log = self.cfg.log_path.open("a")
@@ -160,8 +156,8 @@ class Proxy:
 
     async def _cleanup(self, app: web.Application) -> None:
         await self.signals.stop()
-        if self._session is not None:
-            await self._session.close()
+        for endpoint in self._endpoints.values():
+            endpoint.close()
         for stream in (self._log, self._decision_stream):
             if stream is not None:
                 stream.close()
@@ -276,18 +272,16 @@ class Proxy:
     async def _prefill(
         self, body: dict[str, Any], path: str, f: _Flight
     ) -> tuple[dict[str, Any] | None, web.Response | None]:
-        assert self._session is not None and f.prefill_id is not None
-        url = self.urls[f.prefill_id] + path
+        assert f.prefill_id is not None
         try:
-            async with self._session.post(
-                url,
-                json=pd.prefill_body(body),
-                headers=self._headers(f),
-                timeout=aiohttp.ClientTimeout(total=self.cfg.prefill_timeout_s),
-            ) as r:
-                payload = await r.read()
-                status = r.status
-        except (aiohttp.ClientError, TimeoutError) as e:
+            async with asyncio.timeout(self.cfg.prefill_timeout_s):
+                r = await self._endpoints[f.prefill_id].request(
+                    "POST", path, self._headers(f), _json_bytes(pd.prefill_body(body))
+                )
+                async with r:
+                    payload = await r.read()
+            status = r.status
+        except (UpstreamError, TimeoutError) as e:
             raise EngineFailed(f.prefill_id, "prefill", f"{type(e).__name__}: {e}") from e
         if status >= 500:
             raise EngineFailed(f.prefill_id, "prefill", f"HTTP {status}")
@@ -313,13 +307,16 @@ class Proxy:
     async def _decode(
         self, request: web.Request, body: dict[str, Any], path: str, f: _Flight, kv: dict[str, Any] | None
     ) -> web.StreamResponse:
-        assert self._session is not None and f.decode_id is not None
-        url = self.urls[f.decode_id] + path
-        timeout = aiohttp.ClientTimeout(total=None, sock_read=self._silence_bound_s(body, f))
+        assert f.decode_id is not None
         try:
-            async with self._session.post(
-                url, json=pd.decode_body(body, kv), headers=self._headers(f), timeout=timeout
-            ) as r:
+            r = await self._endpoints[f.decode_id].request(
+                "POST",
+                path,
+                self._headers(f),
+                _json_bytes(pd.decode_body(body, kv)),
+                read_timeout_s=self._silence_bound_s(body, f),
+            )
+            async with r:
                 if r.status >= 500:
                     raise EngineFailed(f.decode_id, "decode", f"HTTP {r.status}")
                 if r.status >= 400:
@@ -327,7 +324,7 @@ class Proxy:
                 if not body.get("stream"):
                     return await self._relay_json(r, f)
                 return await self._relay_stream(request, r, f, pd.client_wants_usage(body))
-        except (aiohttp.ClientError, TimeoutError) as e:
+        except (UpstreamError, TimeoutError) as e:
             raise EngineFailed(f.decode_id, "decode", f"{type(e).__name__}: {e}") from e
 
     def _silence_bound_s(self, body: dict[str, Any], f: _Flight) -> float:
@@ -340,7 +337,7 @@ class Proxy:
         tokens = limit if isinstance(limit, int) else self.cfg.cluster.max_model_len - f.prompt_tokens
         return self.cfg.stall_timeout_s + tokens * SLOW_STEPS_PER_TOKEN * self.cfg.calibration.tau_dec_s
 
-    async def _relay_json(self, r: aiohttp.ClientResponse, f: _Flight) -> web.Response:
+    async def _relay_json(self, r: Response, f: _Flight) -> web.Response:
         payload = await r.read()
         now = self.now()
         try:
@@ -354,7 +351,7 @@ class Proxy:
         return web.Response(body=payload, status=r.status, content_type="application/json")
 
     async def _relay_stream(
-        self, request: web.Request, r: aiohttp.ClientResponse, f: _Flight, client_wants_usage: bool
+        self, request: web.Request, r: Response, f: _Flight, client_wants_usage: bool
     ) -> web.StreamResponse:
         """Relay the decode engine's SSE as it comes, whole reads at a time (one write per read, not per
         line), watching only for what the router needs: the first content event, the usage event (kept only
@@ -367,13 +364,13 @@ class Proxy:
         resp: web.StreamResponse | None = None
         error: str | None = None
         pending = b""  # an event split across reads
-        chunks = r.content.iter_any()
+        chunks = r.parts().__aiter__()
         while True:
             try:
                 chunk = await chunks.__anext__()
             except StopAsyncIteration:
                 break
-            except (aiohttp.ClientError, TimeoutError) as e:
+            except (UpstreamError, TimeoutError) as e:
                 if resp is None:
                     raise  # nothing reached the client yet: the caller retries elsewhere
                 error = f"decode engine {f.decode_id} broke off the stream: {type(e).__name__}"
@@ -499,3 +496,7 @@ class Proxy:
 
     async def _set_policy(self, request: web.Request) -> web.Response:
         return admin.authorized(self.cfg.admin_token, request) or await admin.set_policy(self, request)
+
+
+def _json_bytes(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
