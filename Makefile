@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 VLLM_VENV ?= .venv-vllm
 VLLM_MODEL ?= .venv-vllm/tiny-model
 
-.PHONY: demo test lint bench clean vllm example
+.PHONY: demo test lint bench clean vllm example compiled
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -18,13 +18,24 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/calroute demo --out out/demo
 
-test: $(STAMP) vllm
+test: $(STAMP) vllm compiled
 	$(BIN)/pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks setup.py
+	$(BIN)/ruff format --check src tests benchmarks setup.py
 	$(BIN)/mypy
+
+# The mypyc-compiled simulator (setup.py says which modules): for the speed benchmark, the test that it writes the
+# same records as the sources, and `PYTHONPATH=build/compiled calroute simulate ...`. Rebuilt when src/ changes.
+COMPILED := build/compiled
+compiled: $(COMPILED)/.built
+
+$(COMPILED)/.built: $(STAMP) setup.py $(shell find src/calroute -name '*.py')
+	$(BIN)/pip install --quiet 'setuptools>=68' 'wheel>=0.41'
+	rm -rf $(COMPILED) build/lib* build/temp*
+	CALROUTE_COMPILE=1 $(BIN)/pip install --quiet --no-deps --no-build-isolation --target $(COMPILED) .
+	touch $@
 
 vllm: $(VLLM_VENV)/.complete $(VLLM_MODEL)/config.json
 
@@ -39,9 +50,9 @@ example: $(STAMP)
 	cp out/example/report.md out/example/goodput.png out/example/calibration.json docs/example-demo/
 	cp out/example/live/*.png docs/example-demo/live/
 
-bench: $(STAMP)
+bench: $(STAMP) compiled
 	$(BIN)/python benchmarks/sim_speed.py
 	$(BIN)/python benchmarks/decision_speed.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) out .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) build out .pytest_cache .mypy_cache .ruff_cache

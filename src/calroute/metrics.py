@@ -60,7 +60,8 @@ class SummaryAccumulator:
 
     def add(self, rec: RequestRecord) -> None:
         self._requests += 1
-        self._status[rec.status.value] = self._status.get(rec.status.value, 0) + 1
+        status = str(rec.status)  # the value; Enum's .value is a Python-level descriptor, hot here
+        self._status[status] = self._status.get(status, 0) + 1
         self._first_arrival_s = min(self._first_arrival_s, rec.arrival_s)
         end = rec.last_token_s if rec.last_token_s is not None else rec.arrival_s
         self._last_event_s = max(self._last_event_s, end)

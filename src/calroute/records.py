@@ -68,7 +68,7 @@ class RequestRecord(NamedTuple):
 
 
 def _time(x: float | None) -> str:
-    """repr(round(x, 6)), or null: microsecond resolution keeps files readable, and the rounding is
+    """repr(round(float(x), 6)), or null: microsecond resolution keeps files readable, and the rounding is
     deterministic, so files stay byte-identical.
 
     Fast path, the same string at half the cost: format ".6f" rounds the binary value to 6 decimals exactly as
@@ -79,7 +79,8 @@ def _time(x: float | None) -> str:
     if type(x) is float and 1e-4 <= x < 1e9:
         s = f"{x:.6f}".rstrip("0")
         return s + "0" if s[-1] == "." else s
-    return "null" if x is None else repr(round(x, 6))
+    # float(): an int time prints as a float, as the compiled build (setup.py) prints it
+    return "null" if x is None else repr(round(float(x), 6))
 
 
 def _line(rec: RequestRecord) -> str:

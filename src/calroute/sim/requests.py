@@ -2,31 +2,67 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from calroute.types import SloClass
 
 
-@dataclass(slots=True, eq=False)
 class SimRequest:
-    request_id: str
-    arrival_s: float
-    prompt_tokens: int
-    output_tokens: int  # the true length: the engines know it (max_tokens + ignore_eos), the router does not
-    slo_class: SloClass
-    predicted_output_tokens: int
-    prefill_id: str
-    decode_id: str
-    # prefill progress
-    prefill_left_tokens: int = 0
-    prefill_kv_held: bool = False
-    # decode progress: emitted tokens = instance steps done - join_step while running
-    join_step: int = 0
-    join_order: int = 0
-    emitted_tokens: int = 0
-    recompute_tokens: int = 0  # after a preemption: tokens to recompute on rejoining
-    running: bool = False
-    # timestamps
-    prefill_done_s: float | None = None
-    first_token_s: float | None = None
-    last_token_s: float | None = None
+    """A plain class with its own ``__init__``, not a dataclass: the compiled build (setup.py) compiles a
+    written ``__init__`` to C, while a dataclass's generated one stays interpreted, once per request."""
+
+    __slots__ = (
+        "request_id",
+        "arrival_s",
+        "prompt_tokens",
+        "output_tokens",
+        "slo_class",
+        "predicted_output_tokens",
+        "prefill_id",
+        "decode_id",
+        "prefill_left_tokens",
+        "prefill_kv_held",
+        "join_step",
+        "join_order",
+        "emitted_tokens",
+        "recompute_tokens",
+        "running",
+        "prefill_done_s",
+        "first_token_s",
+        "last_token_s",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        arrival_s: float,
+        prompt_tokens: int,
+        output_tokens: int,
+        slo_class: SloClass,
+        predicted_output_tokens: int,
+        prefill_id: str,
+        decode_id: str,
+    ) -> None:
+        self.request_id = request_id
+        self.arrival_s = arrival_s
+        self.prompt_tokens = prompt_tokens
+        # the true length: the engines know it (max_tokens + ignore_eos), the router does not
+        self.output_tokens = output_tokens
+        self.slo_class = slo_class
+        self.predicted_output_tokens = predicted_output_tokens
+        self.prefill_id = prefill_id
+        self.decode_id = decode_id
+        # prefill progress
+        self.prefill_left_tokens = 0
+        self.prefill_kv_held = False
+        # decode progress: emitted tokens = instance steps done - join_step while running
+        self.join_step = 0
+        self.join_order = 0
+        self.emitted_tokens = 0
+        self.recompute_tokens = 0  # after a preemption: tokens to recompute on rejoining
+        self.running = False
+        # timestamps
+        self.prefill_done_s: float | None = None
+        self.first_token_s: float | None = None
+        self.last_token_s: float | None = None
+
+    def __repr__(self) -> str:
+        return f"SimRequest({self.request_id!r}, prefill={self.prefill_id}, decode={self.decode_id})"
