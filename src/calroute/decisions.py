@@ -14,7 +14,7 @@ from calroute.types import Admission, ClusterView, InstanceState, Role, RouteDec
 
 
 def _state(s: InstanceState) -> dict[str, Any]:
-    d = s._asdict()
+    d = s.as_dict()
     d["role"] = s.role.value
     d["metrics_age_s"] = None if s.metrics_age_s == float("inf") else s.metrics_age_s
     return d
@@ -23,7 +23,7 @@ def _state(s: InstanceState) -> dict[str, Any]:
 def decision_to_json(adm: Admission, view: ClusterView, decision: RouteDecision) -> str:
     return json.dumps(
         {
-            "admission": {**adm._asdict(), "slo_class": adm.slo_class.value},
+            "admission": {**adm.as_dict(), "slo_class": adm.slo_class.value},
             "view": {
                 "now_s": view.now_s,
                 "seq": view.seq,

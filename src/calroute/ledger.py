@@ -68,15 +68,30 @@ class _Book:
     sampled_at_s: float | None = None
 
 
-@dataclass(slots=True)
 class _Entry:
-    key: int
-    prefill: _Book
-    decode: _Book
-    prompt_tokens: int
-    predicted_output_tokens: int
-    phase: int  # 0 prefilling, 1 waiting for first token, 2 decoding
-    first_token_s: float = 0.0
+    """One request in flight (a written ``__init__``: the compiled build compiles it; a dataclass's is
+    generated at import and stays interpreted, once per request)."""
+
+    __slots__ = (
+        "key",
+        "prefill",
+        "decode",
+        "prompt_tokens",
+        "predicted_output_tokens",
+        "phase",
+        "first_token_s",
+    )
+
+    def __init__(
+        self, key: int, prefill: _Book, decode: _Book, prompt_tokens: int, predicted_output_tokens: int
+    ) -> None:
+        self.key = key
+        self.prefill = prefill
+        self.decode = decode
+        self.prompt_tokens = prompt_tokens
+        self.predicted_output_tokens = predicted_output_tokens
+        self.phase = 0  # 0 prefilling, 1 waiting for first token, 2 decoding
+        self.first_token_s = 0.0
 
 
 class Ledger:
@@ -119,9 +134,7 @@ class Ledger:
         dec.in_flight += 1
         dec.pending_tokens += predicted_output_tokens
         dec.kv_committed_tokens += prompt_tokens + predicted_output_tokens
-        self._entries[request_id] = _Entry(
-            self._next_key, pre, dec, prompt_tokens, predicted_output_tokens, phase=0
-        )
+        self._entries[request_id] = _Entry(self._next_key, pre, dec, prompt_tokens, predicted_output_tokens)
         self._next_key += 1
         self.decisions += 1
 

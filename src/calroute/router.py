@@ -35,9 +35,9 @@ def _panic(view: ClusterView) -> ClusterView:
     and a request that then fails everywhere still gets a clear error after its retries.
     """
     if not any(s.healthy for s in view.prefill):
-        view = view._replace(prefill=tuple(s._replace(healthy=True) for s in view.prefill))
+        view = view.replace(prefill=tuple(s.replace(healthy=True) for s in view.prefill))
     if not any(s.healthy for s in view.decode):
-        view = view._replace(decode=tuple(s._replace(healthy=True) for s in view.decode))
+        view = view.replace(decode=tuple(s.replace(healthy=True) for s in view.decode))
     return view
 
 

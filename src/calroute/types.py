@@ -1,14 +1,17 @@
 """Core value types shared by the policies, the ledger, the simulator and (later) the proxy.
 
-Hot-path types (built once per routing decision) are ``NamedTuple``s: immutable like frozen dataclasses
-but about five times cheaper to construct (0.27 us against 1.3 us for nine fields, measured on CPython
-3.11), which matters for a simulator that makes tens of thousands of decisions per second.
+The types built once or more per routing decision (``Admission``, ``InstanceState``, ``ClusterView``,
+``RouteDecision``) are slotted classes with written ``__init__``s and ``Final`` fields: mypy rejects any
+assignment after construction (which keeps a policy from mutating what it is shown), and the compiled build
+(setup.py) constructs them about ten times faster than a ``NamedTuple``, whose ``__new__`` stays
+interpreted. ``_Value`` gives them value semantics (equality, hashing, repr) and ``replace``/``as_dict`` in
+place of ``_replace``/``_asdict``. The other types are ``NamedTuple``s.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import NamedTuple
+from typing import Any, ClassVar, Final, NamedTuple, Self
 
 
 class SloClass(StrEnum):
@@ -33,16 +36,47 @@ class RequestSpec(NamedTuple):
     slo_class: SloClass
 
 
-class Admission(NamedTuple):
+class _Value:
+    """Value semantics for the slotted hot-path types, over the fields each lists in ``_fields``."""
+
+    __slots__ = ()
+    _fields: ClassVar[tuple[str, ...]]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self._fields}
+
+    def replace(self, **changes: Any) -> Self:
+        return type(self)(**{**self.as_dict(), **changes})
+
+    def _values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in self._fields)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self._values() == other._values()
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.as_dict().items())})"
+
+
+class Admission(_Value):
     """What a router may know about a request when it admits it (never the true output length)."""
 
-    request_id: str
-    prompt_tokens: int
-    predicted_output_tokens: int
-    slo_class: SloClass
+    _fields = ("request_id", "prompt_tokens", "predicted_output_tokens", "slo_class")
+    __slots__ = _fields
+
+    def __init__(
+        self, request_id: str, prompt_tokens: int, predicted_output_tokens: int, slo_class: SloClass
+    ) -> None:
+        self.request_id: Final = request_id
+        self.prompt_tokens: Final = prompt_tokens
+        self.predicted_output_tokens: Final = predicted_output_tokens
+        self.slo_class: Final = slo_class
 
 
-class InstanceState(NamedTuple):
+class InstanceState(_Value):
     """One engine as a policy sees it at decision time.
 
     ``in_flight``, ``backlog_s`` and ``kv_committed_tokens`` come from the in-flight ledger (the router's own
@@ -50,39 +84,84 @@ class InstanceState(NamedTuple):
     sampled periodically, so they may be up to one sampling period old (``metrics_age_s``).
     """
 
-    instance_id: str
-    role: Role
-    healthy: bool
-    in_flight: int
-    backlog_s: float
-    kv_committed_tokens: int
-    kv_used_tokens: int
-    kv_capacity_tokens: int
-    running: int
-    waiting: int
-    metrics_age_s: float
+    _fields = (
+        "instance_id",
+        "role",
+        "healthy",
+        "in_flight",
+        "backlog_s",
+        "kv_committed_tokens",
+        "kv_used_tokens",
+        "kv_capacity_tokens",
+        "running",
+        "waiting",
+        "metrics_age_s",
+    )
+    __slots__ = _fields
+
+    def __init__(
+        self,
+        instance_id: str,
+        role: Role,
+        healthy: bool,
+        in_flight: int,
+        backlog_s: float,
+        kv_committed_tokens: int,
+        kv_used_tokens: int,
+        kv_capacity_tokens: int,
+        running: int,
+        waiting: int,
+        metrics_age_s: float,
+    ) -> None:
+        self.instance_id: Final = instance_id
+        self.role: Final = role
+        self.healthy: Final = healthy
+        self.in_flight: Final = in_flight
+        self.backlog_s: Final = backlog_s
+        self.kv_committed_tokens: Final = kv_committed_tokens
+        self.kv_used_tokens: Final = kv_used_tokens
+        self.kv_capacity_tokens: Final = kv_capacity_tokens
+        self.running: Final = running
+        self.waiting: Final = waiting
+        self.metrics_age_s: Final = metrics_age_s
 
 
-class ClusterView(NamedTuple):
+class ClusterView(_Value):
     """Both pools at one decision. ``seq`` counts decisions made before this one (0-based).
 
     Stateless policies derive rotation and randomness from ``seq``, so a decision is a pure function of
     (Admission, ClusterView): the simulator and the proxy replaying the same views decide identically.
     """
 
-    now_s: float
-    seq: int
-    prefill: tuple[InstanceState, ...]
-    decode: tuple[InstanceState, ...]
+    _fields = ("now_s", "seq", "prefill", "decode")
+    __slots__ = _fields
+
+    def __init__(
+        self, now_s: float, seq: int, prefill: tuple[InstanceState, ...], decode: tuple[InstanceState, ...]
+    ) -> None:
+        self.now_s: Final = now_s
+        self.seq: Final = seq
+        self.prefill: Final = prefill
+        self.decode: Final = decode
 
 
-class RouteDecision(NamedTuple):
+class RouteDecision(_Value):
     """The chosen pair, and the per-candidate scores behind it when the policy has any (lower is better)."""
 
-    prefill_id: str
-    decode_id: str
-    prefill_scores: tuple[float, ...] = ()
-    decode_scores: tuple[float, ...] = ()
+    _fields = ("prefill_id", "decode_id", "prefill_scores", "decode_scores")
+    __slots__ = _fields
+
+    def __init__(
+        self,
+        prefill_id: str,
+        decode_id: str,
+        prefill_scores: tuple[float, ...] = (),
+        decode_scores: tuple[float, ...] = (),
+    ) -> None:
+        self.prefill_id: Final = prefill_id
+        self.decode_id: Final = decode_id
+        self.prefill_scores: Final = prefill_scores
+        self.decode_scores: Final = decode_scores
 
 
 class RequestStatus(StrEnum):

@@ -20,7 +20,7 @@ def test_picks_a_healthy_member_of_each_pool(name: str, calibration: Calibration
         decode=[{"in_flight": 2}, {"healthy": False}, {}, {"backlog_s": 1.0}],
     )
     for seq in range(50):
-        d = policy.route(make_admission(), view._replace(seq=seq))
+        d = policy.route(make_admission(), view.replace(seq=seq))
         assert d.prefill_id in {"prefill-1", "prefill-2"}
         assert d.decode_id in {"decode-0", "decode-2", "decode-3"}
 

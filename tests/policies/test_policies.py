@@ -81,13 +81,13 @@ def test_length_heuristic(predicted: int, seq: int, want: str, calibration: Cali
 def test_power_of_two_never_picks_the_most_loaded_of_two(calibration: Calibration) -> None:
     policy = make_policy("power_of_two", {"seed": 3}, calibration)
     view = make_view(decode=[{"in_flight": 9}, {"in_flight": 0}])
-    assert {policy.route(make_admission(), view._replace(seq=s)).decode_id for s in range(20)} == {"decode-1"}
+    assert {policy.route(make_admission(), view.replace(seq=s)).decode_id for s in range(20)} == {"decode-1"}
 
 
 def test_power_of_two_avoids_the_worst_of_many(calibration: Calibration) -> None:
     policy = make_policy("power_of_two", {}, calibration)
     view = make_view(decode=[{"in_flight": 9}, {"in_flight": 1}, {"in_flight": 2}, {"in_flight": 3}])
-    picks = Counter(policy.route(make_admission(), view._replace(seq=s)).decode_id for s in range(400))
+    picks = Counter(policy.route(make_admission(), view.replace(seq=s)).decode_id for s in range(400))
     assert "decode-0" not in picks
     assert picks["decode-1"] > picks["decode-3"]
 

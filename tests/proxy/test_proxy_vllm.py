@@ -110,8 +110,13 @@ def test_a_real_decode_engine_killed_mid_stream(real_cluster: ClusterFile, tmp_p
             stop_process_group(c.pgids[1])  # decode-0
             text = (first + r.read()).decode()
         # vLLM's API server, as its engine core dies, sends the error event itself; either way the stream
-        # ends with an error event and [DONE], never a silent cut
-        assert '"error"' in text and text.rstrip().endswith("data: [DONE]"), text[-500:]
+        # ends with an error event and [DONE], never a silent cut. Unless the stream was already whole: a
+        # stalled API server can deliver all 1,500 tokens at once (its engine core kept generating), and
+        # then the kill comes after the end. The tiny model's text itself can contain "error", so the test
+        # looks for an error *event*.
+        mid_stream = 'data: {"error"' in text
+        assert mid_stream or '"finish_reason":"length"' in text, text[-500:]
+        assert text.rstrip().endswith("data: [DONE]"), text[-500:]
         deadline = time.monotonic() + 15
         while p.proxy.signals.healthy["decode-0"]:  # the health probe takes it out
             assert time.monotonic() < deadline, "decode-0 still in routing"
@@ -122,4 +127,5 @@ def test_a_real_decode_engine_killed_mid_stream(real_cluster: ClusterFile, tmp_p
         )
         assert status == 502 and "error" in out, out
     recs = list(read_records(tmp_path / "log.jsonl"))
-    assert [r.status for r in recs] == [RequestStatus.FAILED, RequestStatus.FAILED]
+    first = RequestStatus.FAILED if mid_stream else RequestStatus.OK
+    assert [r.status for r in recs] == [first, RequestStatus.FAILED]

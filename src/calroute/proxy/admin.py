@@ -55,7 +55,7 @@ def state(proxy: Proxy) -> dict[str, Any]:
         "in_flight": proxy.ledger.in_flight_requests(),
         "engines": [
             {
-                **s._asdict(),
+                **s.as_dict(),
                 "role": s.role.value,
                 "url": proxy.urls[s.instance_id],
                 "metrics_age_s": None if s.metrics_age_s == float("inf") else s.metrics_age_s,

@@ -78,6 +78,9 @@ class DecodeInstance:
         self.peak_kv_used_tokens = 0
         self.preemptions = 0
         self.metrics = HeldMetrics(sample_interval_s, self._metrics_at)
+        # bound once: each `self._on_event` would build a new bound-method object per scheduled event
+        self._on_event_cb: Callable[[tuple[int, int]], None] = self._on_event
+        self._transfer_done_cb: Callable[[SimRequest], None] = self._transfer_done
 
     # ---- closed-form stretch ------------------------------------------------------------------------
 
@@ -145,7 +148,7 @@ class DecodeInstance:
     def _schedule(self, t: float, k: int) -> None:
         self._version += 1
         self._planned_s = t
-        self._kernel.at(t, self._on_event, (self._version, k))
+        self._kernel.at(t, self._on_event_cb, (self._version, k))
 
     def _on_event(self, arg: tuple[int, int]) -> None:
         version, k = arg
@@ -210,7 +213,9 @@ class DecodeInstance:
             else:
                 self._reserved += req.prompt_tokens
                 self._transferring += 1
-                self._kernel.at(now + self._transfer_s(req.prompt_tokens), self._transfer_done, req, URGENT)
+                self._kernel.at(
+                    now + self._transfer_s(req.prompt_tokens), self._transfer_done_cb, req, URGENT
+                )
         # 5. plan the next stretch
         self._epoch_s = now
         self._extra_s = extra
@@ -243,7 +248,7 @@ class DecodeInstance:
         t = now + (extra + k_next * step0 + growth * k_next * (k_next - 1) / 2 if k_next > 0 else 0.0)
         self._version += 1
         self._planned_s = t
-        self._kernel.at(t, self._on_event, (self._version, k_next))
+        self._kernel.at(t, self._on_event_cb, (self._version, k_next))
 
     def _join(self, req: SimRequest) -> None:
         order = self._next_order

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from itertools import count
 from typing import Any
 
 URGENT = 0  # completions and releases: applied before decisions at the same instant
@@ -23,14 +22,16 @@ class Kernel:
     def __init__(self) -> None:
         self.now_s = 0.0
         self._queue: list[tuple[float, int, int, Callback, Any]] = []
-        self._seq = count()
+        self._seq = 0
         self.events_processed = 0
 
     def at(self, time_s: float, callback: Callback, arg: Any = None, priority: int = NORMAL) -> None:
         """Schedule ``callback(arg)`` at absolute time ``time_s`` (never in the past)."""
         if time_s < self.now_s:
             raise ValueError(f"cannot schedule at {time_s} before now ({self.now_s})")
-        heapq.heappush(self._queue, (time_s, priority, next(self._seq), callback, arg))
+        seq = self._seq
+        self._seq = seq + 1
+        heapq.heappush(self._queue, (time_s, priority, seq, callback, arg))
 
     def run(self) -> None:
         """Process events until none are left."""
