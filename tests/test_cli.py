@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from calroute.cli import app
 from calroute.cluster import ClusterFile
 from calroute.engines.procs import process_group_alive, stop_process_group
+from calroute.proxy.config import ProxyConfig
 from calroute.records import read_records
 
 TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"
@@ -303,3 +304,34 @@ def test_sigterm_stops_every_process_a_live_experiment_started(tmp_path: Path, s
                     stop_process_group(os.getpgid(int(line.split()[1].rstrip(":"))), timeout_s=1.0)
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize(
+    ("interval", "code", "want"),
+    [("0.5", 0, 0.5), (None, 0, 0.05), ("0", 2, "--poll-interval"), ("-1", 2, "--poll-interval")],
+)
+def test_serve_poll_interval_reaches_the_proxy_or_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, interval: str | None, code: int, want: float | str
+) -> None:
+    from tests.conftest import unreachable_cluster
+
+    cluster = tmp_path / "cluster.yaml"
+    unreachable_cluster(1, 1).save(cluster)
+    seen: list[float] = []
+
+    class FakeProxy:
+        def __init__(self, cfg: ProxyConfig) -> None:
+            seen.append(cfg.poll_interval_s)
+
+        def app(self) -> None:
+            return None
+
+    monkeypatch.setattr("calroute.proxy.app.Proxy", FakeProxy)
+    monkeypatch.setattr("aiohttp.web.run_app", lambda *a, **kw: None)
+    argv = ["serve", "--cluster", str(cluster)] + ([] if interval is None else ["--poll-interval", interval])
+    exit_code, _, stderr = invoke(*argv)
+    assert exit_code == code, stderr
+    if code == 0:
+        assert seen == [want]
+    else:
+        assert seen == [] and str(want) in stderr

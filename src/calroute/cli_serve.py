@@ -52,6 +52,14 @@ def serve(
     online_calibration: Annotated[
         bool, typer.Option(help="refit the router's constants from routed requests as traffic flows")
     ] = False,
+    poll_interval: Annotated[
+        float,
+        typer.Option(
+            min=0.01,
+            help="seconds between /metrics scrapes of each engine; real vLLM sharing CPU cores stalls "
+            "when scraped this often (docs/proxy.md)",
+        ),
+    ] = 0.05,
 ) -> None:
     """Route OpenAI-compatible requests to a vLLM prefill/decode cluster with the chosen policy.
 
@@ -95,6 +103,7 @@ def serve(
                 decision_log_path=decision_log,
                 max_attempts=max_attempts,
                 online_calibration=online_calibration,
+                poll_interval_s=poll_interval,
                 admin_token=os.environ.get("CALROUTE_ADMIN_TOKEN") or None,
                 engine_api_key=os.environ.get("CALROUTE_ENGINE_API_KEY") or None,
             )

@@ -45,5 +45,7 @@ class ProxyConfig:
     def __post_init__(self) -> None:
         if self.predictor_noise < 0:
             raise ConfigError(f"predictor_noise must be >= 0, got {self.predictor_noise}")
+        if not self.poll_interval_s > 0:
+            raise ConfigError(f"poll_interval_s must be > 0, got {self.poll_interval_s}")
         if self.max_attempts < 1:
             raise ConfigError(f"max_attempts must be >= 1, got {self.max_attempts}")

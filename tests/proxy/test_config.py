@@ -1,0 +1,26 @@
+"""ProxyConfig refuses settings the proxy could not run with, naming the field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from calroute.errors import ConfigError
+from calroute.proxy.config import ProxyConfig
+from tests.conftest import unreachable_cluster
+from tests.proxy.conftest import CAL
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("poll_interval_s", 0.0), ("poll_interval_s", -0.05), ("max_attempts", 0), ("predictor_noise", -0.1)],
+)
+def test_bad_settings_are_refused_by_name(field: str, value: Any) -> None:
+    with pytest.raises(ConfigError, match=field):
+        ProxyConfig(cluster=unreachable_cluster(1, 1), calibration=CAL, **{field: value})
+
+
+def test_defaults_are_accepted() -> None:
+    cfg = ProxyConfig(cluster=unreachable_cluster(1, 1), calibration=CAL)
+    assert cfg.poll_interval_s == 0.05 and cfg.max_attempts == 3
