@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import pytest
 from calroute.engines.procs import (
     EngineStartError,
     free_port,
+    free_ports,
     process_group_alive,
     spread_group_threads,
     start_process_group,
@@ -350,6 +352,39 @@ def test_free_port_is_bindable() -> None:
         s.bind(("127.0.0.1", port))
 
 
+def test_free_ports_are_distinct_and_outside_the_ephemeral_range() -> None:
+    # A port from the ephemeral range can be taken by any outgoing connection while vLLM loads.
+    lo_s, hi_s = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+    ports = free_ports(40)
+    assert len(set(ports)) == 40
+    assert all(not int(lo_s) <= p <= int(hi_s) for p in ports)
+    assert free_ports(0) == []
+    with pytest.raises(ValueError):
+        free_ports(-1)
+
+
+class _Scripted(random.Random):
+    """Offers the given ports in order, then whatever the base generator picks."""
+
+    def __init__(self, first: list[int]) -> None:
+        super().__init__(0)
+        self._first = list(first)
+
+    def randint(self, a: int, b: int) -> int:
+        return self._first.pop(0) if self._first else super().randint(a, b)
+
+
+def test_free_ports_skips_a_port_in_use_and_repeats() -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", free_port()))
+        held.listen()
+        taken = held.getsockname()[1]
+        spare = free_port()
+        ports = free_ports(2, _Scripted([taken, spare, spare]))
+    assert ports[0] == spare
+    assert taken not in ports and len(set(ports)) == 2
+
+
 # --- one real engine ---
 
 
@@ -359,7 +394,8 @@ def test_real_vllm_engine_serves_and_stops(tmp_path: Path) -> None:
     if not vllm_available(venv, model):
         pytest.fail(f"the real-vLLM venv is not built ({venv}, {model}): run `make vllm` first")
     # A NIXL prefill engine: exercises the NIXL install and the progress-thread shim, not only plain vLLM.
-    cfg = VllmEngineConfig(port=free_port(), role=Role.PREFILL, side_channel_port=free_port())
+    http_port, side_channel_port = free_ports(2)
+    cfg = VllmEngineConfig(port=http_port, role=Role.PREFILL, side_channel_port=side_channel_port)
     t0_s = time.monotonic()
     engine = start_vllm_engine(cfg, venv, model, tmp_path)
     try:

@@ -17,7 +17,7 @@ from pathlib import Path
 from calroute.cluster import ClusterEngine, ClusterFile
 from calroute.costmodel.profiles import get_profile
 from calroute.engines import vllm
-from calroute.engines.procs import free_port, start_process_group, stop_process_group, wait_http_ready
+from calroute.engines.procs import free_ports, start_process_group, stop_process_group, wait_http_ready
 from calroute.errors import ConfigError
 from calroute.types import Role
 
@@ -64,7 +64,7 @@ def up_emulated(
 ) -> LaunchedCluster:
     roles = _roles(prefill, decode)
     hw = get_profile(profile)
-    ports = [free_port() for _ in roles]
+    ports = free_ports(len(roles))
     base = [
         sys.executable,
         "-m",
@@ -142,12 +142,13 @@ def up_vllm(
         raise ConfigError(f"real vLLM is not installed in {venv}: run `make vllm` first")
     roles = _roles(prefill, decode)
     started: list[vllm.VllmEngine] = []
+    ports = free_ports(2 * len(roles))  # HTTP and NIXL side channel for each engine, all distinct
     try:
-        for _, role in roles:
+        for i, (_, role) in enumerate(roles):
             cfg = vllm.VllmEngineConfig(
-                port=free_port(),
+                port=ports[2 * i],
                 role=role,
-                side_channel_port=free_port(),
+                side_channel_port=ports[2 * i + 1],
                 kv_cache_bytes=kv_cache_bytes,
                 max_model_len=max_model_len,
                 kv_lease_s=kv_lease_s,

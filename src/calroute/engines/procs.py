@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -193,9 +194,54 @@ def wait_http_ready(
         time.sleep(min(_POLL_S, remaining_s))
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (another process may still take it first)."""
+# Ports the kernel hands out for bind(0) and outgoing connections (Linux's default range; read live below).
+_EPHEMERAL_DEFAULT = (32768, 60999)
+_LISTEN_FLOOR = 20000  # below it sit many well-known service ports
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return _EPHEMERAL_DEFAULT
+
+
+def _bindable(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(n: int, rng: random.Random | None = None) -> list[int]:
+    """``n`` distinct TCP ports on 127.0.0.1, free a moment ago, chosen outside the kernel's ephemeral range.
+
+    A port from bind(0) goes back to the ephemeral pool at once: while a vLLM engine loads for a minute
+    or more, its own outgoing connections and bind(0) sockets (ZMQ, gloo) may take it, and the NIXL side
+    channel then fails with "Address already in use" (seen in CI). A port below the ephemeral range can
+    only be taken by an explicit bind. Random picks keep concurrent launchers apart.
+    """
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    eph_lo, eph_hi = _ephemeral_range()
+    lo, hi = (_LISTEN_FLOOR, eph_lo - 1) if eph_lo - 1 - _LISTEN_FLOOR >= 1000 else (eph_hi + 1, 65535)
+    if rng is None:
+        rng = random.SystemRandom()  # ports are not part of any experiment: no seed
+    chosen: list[int] = []
+    for _ in range(50 * max(n, 1)):
+        if len(chosen) == n:
+            return chosen
+        port = rng.randint(lo, hi)
+        if port not in chosen and _bindable(port):
+            chosen.append(port)
+    if len(chosen) == n:
+        return chosen
+    raise OSError(f"found only {len(chosen)} of {n} free ports in {lo}..{hi} on 127.0.0.1")
+
+
+def free_port() -> int:
+    """One port as :func:`free_ports` chooses them (another process may still take it first)."""
+    return free_ports(1)[0]
