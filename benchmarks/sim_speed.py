@@ -35,7 +35,7 @@ def timed_run(
 ) -> tuple[float, int]:
     from calroute.costmodel.predictors import make_predictor
     from calroute.ledger import Ledger
-    from calroute.metrics import SummaryAccumulator
+    from calroute.metrics import RunSink, SummaryAccumulator
     from calroute.policies import make_policy
     from calroute.records import RecordWriter
     from calroute.router import Router
@@ -48,12 +48,7 @@ def timed_run(
     sim = ClusterSim(setup.profile, setup.shape, router, "marginal_cost", max_stretch_steps=stretch)
     acc = SummaryAccumulator(setup.profile.calibration.slo)
     with out.open("w") as f:
-        writer = RecordWriter(f, flush_every=1024)
-
-        def sink(rec: object) -> None:
-            acc.add(rec)  # type: ignore[arg-type]
-            writer.write(rec)  # type: ignore[arg-type]
-
+        sink = RunSink(acc, RecordWriter(f, flush_every=1024))
         t0 = time.perf_counter()
         stats = sim.run(reqs, sink)
         elapsed = time.perf_counter() - t0

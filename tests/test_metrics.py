@@ -42,7 +42,7 @@ def test_is_good(r: RequestRecord, good: bool) -> None:
 
 
 def test_summary_counts_rejected_requests_against_goodput() -> None:
-    rejected = rec(0, 0)._replace(status=RequestStatus.REJECTED, first_token_s=None, last_token_s=None)
+    rejected = rec(0, 0).replace(status=RequestStatus.REJECTED, first_token_s=None, last_token_s=None)
     s = summarize([rec(0.1, 0.01), rec(0.3, 0.01), rejected, rec(0.1, 0.01)], SLO)
     assert (s.requests, s.completed, s.good) == (4, 3, 2)
     assert s.goodput == 0.5

@@ -54,8 +54,8 @@ def test_derived_latencies() -> None:
     )
     assert rec.ttft_s == pytest.approx(0.2)
     assert rec.tpot_s == pytest.approx(0.1)
-    assert rec._replace(output_tokens=1).tpot_s == 0.0
-    assert rec._replace(first_token_s=None).ttft_s is None
+    assert rec.replace(output_tokens=1).tpot_s == 0.0
+    assert rec.replace(first_token_s=None).ttft_s is None
 
 
 def test_writer_and_reader(tmp_path: Path) -> None:

@@ -10,10 +10,12 @@ import json
 from collections.abc import Iterator
 from json.encoder import encode_basestring_ascii as _quote  # json.dumps of a str, minus its overhead
 from pathlib import Path
-from typing import IO, NamedTuple
+from typing import IO, Final
 
 from calroute.errors import ConfigError
-from calroute.types import RequestStatus, SloClass
+from calroute.types import RequestStatus, SloClass, SlottedValue
+
+_FAST_US_LIMIT = float(2**40)  # about 12.7 days, in microseconds
 
 RECORD_FIELDS: tuple[str, ...] = (
     "request_id",
@@ -34,22 +36,46 @@ RECORD_FIELDS: tuple[str, ...] = (
 )
 
 
-class RequestRecord(NamedTuple):
-    request_id: str
-    slo_class: SloClass
-    prompt_tokens: int
-    target_output_tokens: int  # what the workload asked for (max_tokens with ignore_eos)
-    predicted_output_tokens: int
-    output_tokens: int  # what was generated
-    policy: str
-    prefill_id: str | None
-    decode_id: str | None
-    arrival_s: float
-    prefill_done_s: float | None
-    first_token_s: float | None
-    last_token_s: float | None
-    status: RequestStatus
-    error: str | None = None
+class RequestRecord(SlottedValue):
+    """One request's outcome. A slotted class with ``Final`` fields rather than a NamedTuple: compiled
+    (setup.py), it is built and read natively, once per simulated request."""
+
+    _fields = RECORD_FIELDS
+    __slots__ = RECORD_FIELDS
+
+    def __init__(
+        self,
+        request_id: str,
+        slo_class: SloClass,
+        prompt_tokens: int,
+        target_output_tokens: int,  # what the workload asked for (max_tokens with ignore_eos)
+        predicted_output_tokens: int,
+        output_tokens: int,  # what was generated
+        policy: str,
+        prefill_id: str | None,
+        decode_id: str | None,
+        arrival_s: float,
+        prefill_done_s: float | None,
+        first_token_s: float | None,
+        last_token_s: float | None,
+        status: RequestStatus,
+        error: str | None = None,
+    ) -> None:
+        self.request_id: Final = request_id
+        self.slo_class: Final = slo_class
+        self.prompt_tokens: Final = prompt_tokens
+        self.target_output_tokens: Final = target_output_tokens
+        self.predicted_output_tokens: Final = predicted_output_tokens
+        self.output_tokens: Final = output_tokens
+        self.policy: Final = policy
+        self.prefill_id: Final = prefill_id
+        self.decode_id: Final = decode_id
+        self.arrival_s: Final = arrival_s
+        self.prefill_done_s: Final = prefill_done_s
+        self.first_token_s: Final = first_token_s
+        self.last_token_s: Final = last_token_s
+        self.status: Final = status
+        self.error: Final = error
 
     @property
     def ttft_s(self) -> float | None:
@@ -71,12 +97,25 @@ def _time(x: float | None) -> str:
     """repr(round(float(x), 6)), or null: microsecond resolution keeps files readable, and the rounding is
     deterministic, so files stay byte-identical.
 
-    Fast path, the same string at half the cost: format ".6f" rounds the binary value to 6 decimals exactly as
-    round() does. For 1e-4 <= x < 1e9 that decimal has at most 15 significant digits, so it is the shortest
-    string that reads back as round()'s double (which is what repr prints), and repr would print it in
-    fixed notation; only trailing zeros differ, and repr keeps one digit after the point.
+    Fast paths give the same string at a fraction of the cost (float formatting is most of writing a
+    record). repr of round()'s double is the ".6f" decimal of x minus trailing zeros (one digit kept after
+    the point) for 1e-4 <= x < 1e9: that decimal has at most 15 significant digits, so it is the shortest
+    string that reads back as round()'s double. Below 2**40 microseconds, x * 1e6 is within 2**-13 of the
+    exact product, so rounding it to an integer number of microseconds gives ".6f"'s digits unless the
+    product lies within 1e-3 of a half: those few take the ".6f" path.
     """
     if type(x) is float and 1e-4 <= x < 1e9:
+        us = x * 1e6
+        if us < _FAST_US_LIMIT:
+            whole = int(us)  # us > 0: truncation is floor
+            frac = us - whole
+            if not 0.499 < frac < 0.501:
+                n = whole + 1 if frac > 0.5 else whole
+                seconds = n // 1_000_000
+                micros = n - seconds * 1_000_000
+                if micros == 0:
+                    return f"{seconds}.0"
+                return f"{seconds}.{str(micros + 1_000_000)[1:].rstrip('0')}"  # the 6 digits, zero-padded
         s = f"{x:.6f}".rstrip("0")
         return s + "0" if s[-1] == "." else s
     # float(): an int time prints as a float, as the compiled build (setup.py) prints it
@@ -90,14 +129,16 @@ def _line(rec: RequestRecord) -> str:
     share of its time. Strings go through the same C escaper json.dumps uses; StrEnum members format as
     their values.
     """
-    rid, slo, prompt, target, predicted, out, policy, pre, dec, arr, pdone, first, last, status, err = rec
+    pre, dec, err = rec.prefill_id, rec.decode_id, rec.error
     return (
-        f'{{"request_id":{_quote(rid)},"slo_class":"{slo}","prompt_tokens":{prompt},'
-        f'"target_output_tokens":{target},"predicted_output_tokens":{predicted},"output_tokens":{out},'
-        f'"policy":{_quote(policy)},"prefill_id":{"null" if pre is None else _quote(pre)},'
-        f'"decode_id":{"null" if dec is None else _quote(dec)},"arrival_s":{_time(arr)},'
-        f'"prefill_done_s":{_time(pdone)},"first_token_s":{_time(first)},"last_token_s":{_time(last)},'
-        f'"status":"{status}","error":{"null" if err is None else _quote(err)}}}\n'
+        f'{{"request_id":{_quote(rec.request_id)},"slo_class":"{rec.slo_class}",'
+        f'"prompt_tokens":{rec.prompt_tokens},"target_output_tokens":{rec.target_output_tokens},'
+        f'"predicted_output_tokens":{rec.predicted_output_tokens},"output_tokens":{rec.output_tokens},'
+        f'"policy":{_quote(rec.policy)},"prefill_id":{"null" if pre is None else _quote(pre)},'
+        f'"decode_id":{"null" if dec is None else _quote(dec)},"arrival_s":{_time(rec.arrival_s)},'
+        f'"prefill_done_s":{_time(rec.prefill_done_s)},"first_token_s":{_time(rec.first_token_s)},'
+        f'"last_token_s":{_time(rec.last_token_s)},"status":"{rec.status}",'
+        f'"error":{"null" if err is None else _quote(err)}}}\n'
     )
 
 

@@ -1,11 +1,11 @@
 """Core value types shared by the policies, the ledger, the simulator and (later) the proxy.
 
 The types built once or more per routing decision (``Admission``, ``InstanceState``, ``ClusterView``,
-``RouteDecision``) are slotted classes with written ``__init__``s and ``Final`` fields: mypy rejects any
-assignment after construction (which keeps a policy from mutating what it is shown), and the compiled build
-(setup.py) constructs them about ten times faster than a ``NamedTuple``, whose ``__new__`` stays
-interpreted. ``_Value`` gives them value semantics (equality, hashing, repr) and ``replace``/``as_dict`` in
-place of ``_replace``/``_asdict``. The other types are ``NamedTuple``s.
+``RouteDecision``; and records.py's ``RequestRecord``) are slotted classes with written ``__init__``s and
+``Final`` fields: mypy rejects any assignment after construction (which keeps a policy from mutating what it
+is shown), and the compiled build (setup.py) constructs them about ten times faster than a ``NamedTuple``,
+whose ``__new__`` stays interpreted. ``SlottedValue`` gives them value semantics (equality, hashing, repr)
+and ``replace``/``as_dict`` in place of ``_replace``/``_asdict``. The other types are ``NamedTuple``s.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class RequestSpec(NamedTuple):
     slo_class: SloClass
 
 
-class _Value:
+class SlottedValue:
     """Value semantics for the slotted hot-path types, over the fields each lists in ``_fields``."""
 
     __slots__ = ()
@@ -61,7 +61,7 @@ class _Value:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.as_dict().items())})"
 
 
-class Admission(_Value):
+class Admission(SlottedValue):
     """What a router may know about a request when it admits it (never the true output length)."""
 
     _fields = ("request_id", "prompt_tokens", "predicted_output_tokens", "slo_class")
@@ -76,7 +76,7 @@ class Admission(_Value):
         self.slo_class: Final = slo_class
 
 
-class InstanceState(_Value):
+class InstanceState(SlottedValue):
     """One engine as a policy sees it at decision time.
 
     ``in_flight``, ``backlog_s`` and ``kv_committed_tokens`` come from the in-flight ledger (the router's own
@@ -126,7 +126,7 @@ class InstanceState(_Value):
         self.metrics_age_s: Final = metrics_age_s
 
 
-class ClusterView(_Value):
+class ClusterView(SlottedValue):
     """Both pools at one decision. ``seq`` counts decisions made before this one (0-based).
 
     Stateless policies derive rotation and randomness from ``seq``, so a decision is a pure function of
@@ -145,7 +145,7 @@ class ClusterView(_Value):
         self.decode: Final = decode
 
 
-class RouteDecision(_Value):
+class RouteDecision(SlottedValue):
     """The chosen pair, and the per-candidate scores behind it when the policy has any (lower is better)."""
 
     _fields = ("prefill_id", "decode_id", "prefill_scores", "decode_scores")

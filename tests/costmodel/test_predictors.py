@@ -5,12 +5,15 @@ from __future__ import annotations
 import statistics
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from calroute.costmodel.predictors import (
     BucketQuantilePredictor,
     ConstantPredictor,
     NoisyPredictor,
     OraclePredictor,
+    _SortedWindow,
     make_predictor,
 )
 from calroute.errors import ConfigError
@@ -46,6 +49,20 @@ def test_bucket_window_forgets_old_outputs() -> None:
     for out in (1, 1, 1, 1, 500, 500, 500, 500):
         p.observe(64, out)
     assert p.predict(64) == 500
+
+
+@given(
+    size=st.integers(1, 12),
+    values=st.lists(st.integers(1, 20), max_size=80),
+    q=st.floats(0.0, 1.0),
+)
+def test_sorted_window_matches_sorting_the_last_values(size: int, values: list[int], q: float) -> None:
+    w = _SortedWindow(size)
+    for i, v in enumerate(values):
+        w.add(v)
+        last = sorted(values[max(0, i + 1 - size) : i + 1])
+        assert len(w) == len(last)
+        assert w.quantile(q) == last[min(len(last) - 1, int(q * len(last)))]
 
 
 def test_noise_is_seeded_bounded_and_unbiased() -> None:

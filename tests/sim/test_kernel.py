@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from calroute.sim.kernel import LATE, NORMAL, URGENT, Kernel
 
@@ -43,3 +45,54 @@ def test_scheduling_in_the_past_is_refused() -> None:
     k.at(1.0, lambda _: k.at(0.5, lambda _: None))
     with pytest.raises(ValueError, match="before now"):
         k.run()
+
+
+def test_an_unknown_priority_is_refused() -> None:
+    with pytest.raises(ValueError, match="priority"):
+        Kernel().at(1.0, lambda _: None, priority=3)
+
+
+def _run_plan(plan: list[tuple[int, int, int]], reference: bool) -> list[tuple[float, int, int]]:
+    """Runs ``plan`` (events, some scheduling children when they run) on the Kernel or, with ``reference``,
+    on a list scanned for the least (time, priority, sequence) at every step; returns what ran, in order."""
+    k = Kernel()
+    pending: list[tuple[float, int, int, int]] = []
+    ran: list[tuple[float, int, int]] = []
+    scheduled = 0
+
+    def schedule(time_s: float, priority: int, children: int) -> None:
+        nonlocal scheduled
+        event = (time_s, priority, scheduled, children)
+        if reference:
+            pending.append(event)
+        else:
+            k.at(time_s, run, event, priority)
+        scheduled += 1
+
+    def run(event: tuple[float, int, int, int]) -> None:
+        time_s, priority, seq, children = event
+        ran.append((time_s, priority, seq))
+        for c in range(children):
+            schedule(time_s + c * 0.5, (priority + c) % 3, 0)
+
+    for time_units, priority, children in plan:
+        schedule(time_units * 0.25, priority, children)
+    if reference:
+        while pending:
+            event = min(pending)
+            pending.remove(event)
+            run(event)
+    else:
+        k.run()
+        assert k.pending() == 0 and k.events_processed == scheduled
+    return ran
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 6), st.sampled_from([URGENT, NORMAL, LATE]), st.integers(0, 3)),
+        max_size=60,
+    )
+)
+def test_the_heap_runs_events_as_a_full_scan_would(plan: list[tuple[int, int, int]]) -> None:
+    assert _run_plan(plan, reference=False) == _run_plan(plan, reference=True)

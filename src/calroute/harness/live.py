@@ -26,7 +26,7 @@ from calroute.errors import CalrouteError
 from calroute.experiments.cells import Variant
 from calroute.harness.gates import reset_prefix_caches
 from calroute.harness.loadgen import drive
-from calroute.metrics import RunSummary, SummaryAccumulator
+from calroute.metrics import RunSink, RunSummary, SummaryAccumulator
 from calroute.records import RecordWriter
 from calroute.seeds import derive_seed
 from calroute.types import RequestSpec, SloClass
@@ -158,10 +158,9 @@ def run_variant(
         proxy.wait(timeout=10)
     acc = SummaryAccumulator(setup.calibration.slo)
     with (run_dir / "records.jsonl").open("w") as f:
-        writer = RecordWriter(f, flush_every=256)
+        sink = RunSink(acc, RecordWriter(f, flush_every=256))
         for rec in result.records:
-            writer.write(rec)
-            acc.add(rec)
+            sink(rec)
     run = LiveRun(acc.summary(), result.valid, result.lateness_p99_s)
     tmp = done.with_suffix(".tmp")
     tmp.write_text(

@@ -13,9 +13,9 @@ from calroute.costmodel.calibration import Calibration
 from calroute.costmodel.predictors import make_predictor
 from calroute.costmodel.profiles import HardwareProfile
 from calroute.ledger import Ledger
-from calroute.metrics import RunSummary, SummaryAccumulator
+from calroute.metrics import RunSink, RunSummary, SummaryAccumulator
 from calroute.policies import make_policy
-from calroute.records import RecordWriter, RequestRecord
+from calroute.records import RecordWriter
 from calroute.router import Router
 from calroute.saturation import Probe, SaturationResult, find_saturation
 from calroute.seeds import derive_seed
@@ -74,15 +74,10 @@ def simulate_run(
     sim = ClusterSim(setup.profile, setup.shape, router, label or policy, setup.sample_interval_s)
     acc = SummaryAccumulator(setup.profile.calibration.slo)
     with ExitStack() as stack:
-        sink: Callable[[RequestRecord], None] = acc.add
+        sink = RunSink(acc)
         if records_path is not None:
             records_path.parent.mkdir(parents=True, exist_ok=True)
-            writer = RecordWriter(stack.enter_context(records_path.open("w")), flush_every=1024)
-
-            def sink(rec: RequestRecord) -> None:
-                acc.add(rec)
-                writer.write(rec)
-
+            sink.writer = RecordWriter(stack.enter_context(records_path.open("w")), flush_every=1024)
         stats = sim.run(requests, sink)
     return RunResult(policy, seed, rate_rps, acc.summary(), stats, records_path)
 
