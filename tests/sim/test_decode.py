@@ -11,6 +11,7 @@ from calroute.costmodel.profiles import EngineLimits
 from calroute.sim.decode import DecodeInstance
 from calroute.sim.kernel import Kernel
 from calroute.sim.requests import SimRequest
+from calroute.sim.sampling import Sample
 from calroute.types import SloClass
 
 CURVE = DecodeCurve(base_s=0.010, per_seq_s=0.001, per_ctx_token_s=1e-6)
@@ -130,17 +131,18 @@ def test_metrics_are_held_as_of_the_last_poll_tick() -> None:
     h = Harness()
     h.submit_at(0.0, make_req("a", 100, 1000))
     h.submit_at(0.0, make_req("b", 100, 1000))
-    samples: list[tuple[float, tuple[int, int, int]] | None] = []
+    samples: list[Sample | None] = []
     for t in (0.0, 0.0005, 0.051, 0.5):
         h.kernel.at(t, lambda _: samples.append(h.engine.metrics.read(h.kernel.now_s)))
     h.kernel.run()
     assert samples[0] is None  # no poll has happened yet
     # as polled at t=0, after the two requests arrived: both transferring, KV reserved, none running
-    assert samples[1] == (0.0, (200, 0, 2))
-    assert samples[2] is not None and samples[2][0] == 0.05 and samples[2][1][1:] == (2, 0)
+    assert samples[1] == Sample(0.0, 200, 0, 2)
+    assert samples[2] is not None and samples[2].tick_s == 0.05
+    assert (samples[2].running, samples[2].waiting) == (2, 0)
     last = samples[3]
     assert last is not None
-    tick, (kv, running, waiting) = last
+    tick, kv, running, waiting = last.tick_s, last.kv_used_tokens, last.running, last.waiting
     assert tick == pytest.approx(0.45) and (running, waiting) == (2, 0)
     steps, t = 0, TRANSFER_S  # tokens emitted by each request by the tick, from the curve
     while t + step(2, 200 + 2 * steps) <= tick:

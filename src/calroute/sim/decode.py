@@ -23,7 +23,7 @@ from calroute.costmodel.calibration import DecodeCurve, PrefillCurve
 from calroute.costmodel.profiles import EngineLimits
 from calroute.sim.kernel import URGENT, Kernel
 from calroute.sim.requests import SimRequest
-from calroute.sim.sampling import HeldMetrics, Metrics
+from calroute.sim.sampling import HeldMetrics, Sample
 
 
 class DecodeInstance:
@@ -277,9 +277,9 @@ class DecodeInstance:
         self.preemptions += 1
         self._waiting.appendleft(req)
 
-    def _metrics_at(self, t: float) -> Metrics:
+    def _metrics_at(self, t: float) -> Sample:
         """KV in use, running and waiting at ``t``, within the current stretch."""
         n = len(self._running)
         kv = self._prompt_sum + n * self._steps - self._join_sum  # context tokens at the stretch start
         kv = kv + (n * self._steps_at(t) if n else 0) + self._reserved
-        return kv, n, len(self._waiting) + self._transferring + len(self._joiners)
+        return Sample(t, kv, n, len(self._waiting) + self._transferring + len(self._joiners))

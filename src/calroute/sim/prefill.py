@@ -10,7 +10,7 @@ from collections.abc import Callable
 from calroute.costmodel.calibration import PrefillCurve
 from calroute.sim.kernel import URGENT, Kernel
 from calroute.sim.requests import SimRequest
-from calroute.sim.sampling import HeldMetrics, Metrics
+from calroute.sim.sampling import HeldMetrics, Sample
 
 
 class PrefillInstance:
@@ -98,5 +98,5 @@ class PrefillInstance:
         if self._queue:
             self._start_iteration()
 
-    def _metrics_at(self, _: float) -> Metrics:
-        return self.kv_used_tokens, self._batch_size, len(self._queue) - self._batch_size
+    def _metrics_at(self, t: float) -> Sample:
+        return Sample(t, self.kv_used_tokens, self._batch_size, len(self._queue) - self._batch_size)

@@ -16,8 +16,30 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Final
 
-Metrics = tuple[int, int, int]  # kv_used_tokens, running, waiting
+from calroute.ledger import Ledger
+from calroute.types import SlottedValue
+
+
+class Sample(SlottedValue):
+    """An engine's metrics as the poll at ``tick_s`` saw them.
+
+    Held samples are one object per tick, so a reader tells by identity that it already has these values
+    (an object, not a tuple: the compiled build would box a tuple afresh at each read, losing identity).
+    """
+
+    _fields = ("tick_s", "kv_used_tokens", "running", "waiting")
+    __slots__ = _fields
+
+    def __init__(self, tick_s: float, kv_used_tokens: int, running: int, waiting: int) -> None:
+        self.tick_s: Final = tick_s
+        self.kv_used_tokens: Final = kv_used_tokens
+        self.running: Final = running
+        self.waiting: Final = waiting
+
+
+Probe = Callable[[float], Sample]  # the engine's metrics at a past time, valid while its state is unchanged
 
 
 class ReadHorizon:
@@ -35,14 +57,12 @@ class ReadHorizon:
 class HeldMetrics:
     __slots__ = ("_interval_s", "_probe", "_tick", "_sample", "_stale_after_s", "horizon")
 
-    def __init__(self, interval_s: float, probe: Callable[[float], Metrics]) -> None:
+    def __init__(self, interval_s: float, probe: Probe) -> None:
         self.horizon: ReadHorizon | None = None
         self._interval_s = interval_s
-        self._probe = probe  # the engine's metrics at a past time, valid while its state is unchanged
+        self._probe = probe
         self._tick = -1
-        # (tick time, metrics) as read returns it: one object per held tick, so a reader can tell by
-        # identity that nothing changed since its last read
-        self._sample: tuple[float, Metrics] = (-self._interval_s, (0, 0, 0))
+        self._sample = Sample(-self._interval_s, 0, 0, 0)
         self._stale_after_s = -1.0  # the held values stop being the last tick's after this time
 
     def touch(self, now_s: float) -> None:
@@ -58,13 +78,12 @@ class HeldMetrics:
                 self._stale_after_s = (k + 1) * interval
 
     def _hold(self, k: int) -> None:
-        t = k * self._interval_s
-        self._sample = (t, self._probe(t))
+        self._sample = self._probe(k * self._interval_s)
         self._tick = k
         self._stale_after_s = (k + 1) * self._interval_s
 
-    def read(self, now_s: float) -> tuple[float, Metrics] | None:
-        """(tick time, metrics) of the last tick before ``now_s``; None before the first tick."""
+    def read(self, now_s: float) -> Sample | None:
+        """The metrics of the last tick before ``now_s``; None before the first tick."""
         k = math.ceil(now_s / self._interval_s) - 1
         if k > self._tick:  # unchanged since tick k: evaluate the current state there, and hold it
             self._hold(k)  # (k >= 0 here: the held tick starts at -1)
@@ -73,24 +92,19 @@ class HeldMetrics:
         return self._sample
 
 
-SampleSink = Callable[[str, int, int, int, float], None]  # instance id, kv, running, waiting, tick time
-
-
 def poll(
-    engines: list[tuple[str, HeldMetrics]], last: list[object], now_s: float, record: SampleSink
+    engines: list[tuple[str, HeldMetrics]], last: list[Sample | None], now_s: float, ledger: Ledger
 ) -> None:
-    """Read every engine's metrics at ``now_s`` and hand ``record`` those not handed over before.
+    """Read every engine's metrics at ``now_s`` and hand the ledger those not handed over before.
 
-    ``last[i]`` is the sample last handed over for ``engines[i]``: held samples are one object per tick, so
-    identity tells that the receiver already has exactly these values. This is ``read`` (and ``_hold``)
-    inlined over the engines: the simulator polls all of them at every arrival.
+    ``last[i]`` is the sample last handed over for ``engines[i]``. This is ``read`` (and ``_hold``) inlined
+    over the engines: the simulator polls all of them at every arrival.
     """
     for i, (instance_id, m) in enumerate(engines):
         interval = m._interval_s
         k = math.ceil(now_s / interval) - 1
         if k > m._tick:
-            t = k * interval
-            sample = m._sample = (t, m._probe(t))
+            sample = m._sample = m._probe(k * interval)
             m._tick = k
             m._stale_after_s = (k + 1) * interval
         elif k < 0:
@@ -99,5 +113,6 @@ def poll(
             sample = m._sample
         if sample is not last[i]:
             last[i] = sample
-            t, (kv, running, waiting) = sample
-            record(instance_id, kv, running, waiting, t)
+            ledger.record_sample(
+                instance_id, sample.kv_used_tokens, sample.running, sample.waiting, sample.tick_s
+            )

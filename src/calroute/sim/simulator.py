@@ -20,7 +20,7 @@ from calroute.sim.decode import DecodeInstance
 from calroute.sim.kernel import Kernel
 from calroute.sim.prefill import PrefillInstance
 from calroute.sim.requests import SimRequest
-from calroute.sim.sampling import ReadHorizon, poll
+from calroute.sim.sampling import ReadHorizon, Sample, poll
 from calroute.types import InstanceSpec, RequestSpec, RequestStatus, Role
 
 RecordSink = Callable[[RequestRecord], None]
@@ -115,7 +115,7 @@ class ClusterSim:
         for engine in self._engines:
             engine.metrics.horizon = self._horizon
         self._samplers = [(e.instance_id, e.metrics) for e in self._engines]
-        self._last_samples: list[object] = [None] * len(self._engines)
+        self._last_samples: list[Sample | None] = [None] * len(self._engines)
         self._count = 0
         self._last_arrival_s = 0.0
 
@@ -281,4 +281,4 @@ class ClusterSim:
 
     def _record_samples(self, now: float) -> None:
         """Hand the ledger each engine's metrics as last polled (only this method feeds it samples)."""
-        poll(self._samplers, self._last_samples, now, self._router.ledger.record_sample)
+        poll(self._samplers, self._last_samples, now, self._router.ledger)
