@@ -49,6 +49,8 @@ class _Rate:
 class _Book:
     spec: InstanceSpec
     rate: _Rate
+    pool_rate: _Rate  # shared by the instances of the pool
+    prior_s: float  # the calibration's tau for the pool
     healthy: bool = True
     in_flight: int = 0
     # prefill: prompt tokens admitted, not yet prefilled. decode: predicted tokens of requests not started.
@@ -103,9 +105,12 @@ class Ledger:
         ids = [s.instance_id for s in instances]
         if len(set(ids)) != len(ids):
             raise ConfigError(f"instance ids must be unique, got {ids}")
-        self._prior = {Role.PREFILL: prior.tau_pre_s, Role.DECODE: prior.tau_dec_s}
-        self._pool_rate = {Role.PREFILL: _Rate(decay), Role.DECODE: _Rate(decay)}
-        self._books = {s.instance_id: _Book(spec=s, rate=_Rate(decay)) for s in instances}
+        # Per book, not dicts keyed by Role: hashing an Enum member runs Python code (Enum.__hash__).
+        prior_s = {Role.PREFILL: prior.tau_pre_s, Role.DECODE: prior.tau_dec_s}
+        pool_rate = {Role.PREFILL: _Rate(decay), Role.DECODE: _Rate(decay)}
+        self._books = {
+            s.instance_id: _Book(s, _Rate(decay), pool_rate[s.role], prior_s[s.role]) for s in instances
+        }
         self._prefill = [b for b in self._books.values() if b.spec.role is Role.PREFILL]
         self._decode = [b for b in self._books.values() if b.spec.role is Role.DECODE]
         self._entries: dict[str, _Entry] = {}
@@ -147,7 +152,7 @@ class Ledger:
         pre.in_flight -= 1
         pre.pending_tokens -= e.prompt_tokens
         pre.rate.add(pre.busy_s, e.prompt_tokens)
-        self._pool_rate[Role.PREFILL].add(pre.busy_s, e.prompt_tokens)
+        pre.pool_rate.add(pre.busy_s, e.prompt_tokens)
         pre.busy_s = 0.0
         e.phase = 1
 
@@ -186,7 +191,7 @@ class Ledger:
             if ok and output_tokens >= 2:
                 tpot = (now_s - e.first_token_s) / (output_tokens - 1)
                 dec.rate.add(tpot, 1.0)
-                self._pool_rate[Role.DECODE].add(tpot, 1.0)
+                dec.pool_rate.add(tpot, 1.0)
         dec.in_flight -= 1
         dec.kv_committed_tokens -= e.prompt_tokens + e.predicted_output_tokens
 
@@ -218,8 +223,8 @@ class Ledger:
     def _rate_s(self, b: _Book) -> float:
         v = b.rate.value()
         if v is None:
-            v = self._pool_rate[b.spec.role].value()
-        return self._prior[b.spec.role] if v is None else v
+            v = b.pool_rate.value()
+        return b.prior_s if v is None else v
 
     def backlog_s(self, instance_id: str, now_s: float) -> float:
         b = self._books[instance_id]
@@ -236,7 +241,7 @@ class Ledger:
             if active.pop(key, None) is not None:
                 # Reset on empty so float drift cannot accumulate over a long run.
                 b.expiry_sum_s = b.expiry_sum_s - expiry if active else 0.0
-        started_s = b.expiry_sum_s - len(active) * now_s if active else 0.0
+        started_s = b.expiry_sum_s - float(len(active)) * now_s if active else 0.0
         return pending_s + max(0.0, started_s)
 
     def _state(self, b: _Book, now_s: float) -> InstanceState:

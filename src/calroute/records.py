@@ -15,7 +15,8 @@ from typing import IO, Final
 from calroute.errors import ConfigError
 from calroute.types import RequestStatus, SloClass, SlottedValue
 
-_FAST_US_LIMIT = float(2**40)  # about 12.7 days, in microseconds
+_MEMO_MAX: Final = 1024
+_FAST_US_LIMIT: Final = float(2**40)  # about 12.7 days, in microseconds
 
 RECORD_FIELDS: tuple[str, ...] = (
     "request_id",
@@ -122,8 +123,18 @@ def _time(x: float | None) -> str:
     return "null" if x is None else repr(round(float(x), 6))
 
 
-def _line(rec: RequestRecord) -> str:
-    """One JSON object and its newline, keys in RECORD_FIELDS order.
+def _memo_quote(s: str, memo: dict[str, str]) -> str:
+    """_quote(s), remembered: policy and instance ids repeat on every record (a bounded memo)."""
+    q = memo.get(s)
+    if q is None:
+        q = _quote(s)
+        if len(memo) < _MEMO_MAX:
+            memo[s] = q
+    return q
+
+
+def _line(rec: RequestRecord, memo: dict[str, str]) -> str:
+    """One JSON object and its newline, keys in RECORD_FIELDS order (``memo``: see _memo_quote).
 
     Formatted by hand: json.dumps of a dict is 3x slower, and writing the simulator's records is a good
     share of its time. Strings go through the same C escaper json.dumps uses; StrEnum members format as
@@ -134,8 +145,9 @@ def _line(rec: RequestRecord) -> str:
         f'{{"request_id":{_quote(rec.request_id)},"slo_class":"{rec.slo_class}",'
         f'"prompt_tokens":{rec.prompt_tokens},"target_output_tokens":{rec.target_output_tokens},'
         f'"predicted_output_tokens":{rec.predicted_output_tokens},"output_tokens":{rec.output_tokens},'
-        f'"policy":{_quote(rec.policy)},"prefill_id":{"null" if pre is None else _quote(pre)},'
-        f'"decode_id":{"null" if dec is None else _quote(dec)},"arrival_s":{_time(rec.arrival_s)},'
+        f'"policy":{_memo_quote(rec.policy, memo)},'
+        f'"prefill_id":{"null" if pre is None else _memo_quote(pre, memo)},'
+        f'"decode_id":{"null" if dec is None else _memo_quote(dec, memo)},"arrival_s":{_time(rec.arrival_s)},'
         f'"prefill_done_s":{_time(rec.prefill_done_s)},"first_token_s":{_time(rec.first_token_s)},'
         f'"last_token_s":{_time(rec.last_token_s)},"status":"{rec.status}",'
         f'"error":{"null" if err is None else _quote(err)}}}\n'
@@ -144,7 +156,7 @@ def _line(rec: RequestRecord) -> str:
 
 def record_to_json(rec: RequestRecord) -> str:
     """One JSON object, keys in RECORD_FIELDS order."""
-    return _line(rec)[:-1]
+    return _line(rec, {})[:-1]
 
 
 def record_from_json(line: str) -> RequestRecord:
@@ -182,9 +194,10 @@ class RecordWriter:
         self._flush_every = flush_every
         self._pending = 0
         self.count = 0
+        self._quoted: dict[str, str] = {}
 
     def write(self, rec: RequestRecord) -> None:
-        self._stream.write(_line(rec))
+        self._stream.write(_line(rec, self._quoted))
         self.count += 1
         self._pending += 1
         if self._pending >= self._flush_every:

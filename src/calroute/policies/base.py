@@ -11,12 +11,12 @@ from __future__ import annotations
 import dataclasses
 import types
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Protocol, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, Final, Protocol, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from calroute.errors import ConfigError, NoCandidateError
 from calroute.types import Admission, ClusterView, InstanceState, RouteDecision
 
-_MASK64 = (1 << 64) - 1
+_MASK64: Final = (1 << 64) - 1
 
 
 class RoutingPolicy(Protocol):

@@ -230,7 +230,12 @@ class DecodeInstance:
         self._step0_s = step0 = self._a + self._b * n + self._c * context
         self._growth_s = growth = self._c * n
         k_kv = (cap - reserved - context) // n
-        k_next = min(heap[0][0] - steps, k_kv, self._max_stretch)
+        # min() of three is a generic call in the compiled build; two comparisons are not
+        k_next = heap[0][0] - steps
+        if k_kv < k_next:
+            k_next = k_kv
+        if self._max_stretch < k_next:
+            k_next = self._max_stretch
         peak = context + n * k_next + reserved  # KV in use at the end of the stretch
         if peak > self.peak_kv_used_tokens:
             self.peak_kv_used_tokens = peak

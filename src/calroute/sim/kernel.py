@@ -12,15 +12,15 @@ machine numbers. Scheduling was about a fifth of a simulated request's instructi
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
-URGENT = 0  # completions and releases: applied before decisions at the same instant
-NORMAL = 1
-LATE = 2  # metric samples: observe the state after everything else at that instant
+URGENT: Final = 0  # completions and releases: applied before decisions at the same instant
+NORMAL: Final = 1
+LATE: Final = 2  # metric samples: observe the state after everything else at that instant
 
 Callback = Callable[[Any], None]
 
-_SEQ_BITS = 56  # order = priority << 56 | seq: one integer compare for both tie-breakers
+_SEQ_BITS: Final = 56  # order = priority << 56 | seq: one integer compare for both tie-breakers
 
 
 class _Event:
