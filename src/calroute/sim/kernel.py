@@ -33,10 +33,6 @@ class _Event:
         self.arg = arg
 
 
-def _before(a: _Event, b: _Event) -> bool:
-    return a.time_s < b.time_s or (a.time_s == b.time_s and a.order < b.order)
-
-
 class Kernel:
     def __init__(self) -> None:
         self.now_s = 0.0
@@ -52,14 +48,17 @@ class Kernel:
             raise ValueError(f"priority must be URGENT, NORMAL or LATE, got {priority}")
         seq = self._seq
         self._seq = seq + 1
-        event = _Event(time_s, (priority << _SEQ_BITS) | seq, callback, arg)
+        order = (priority << _SEQ_BITS) | seq
+        event = _Event(time_s, order, callback, arg)
         heap = self._heap
         heap.append(event)
         pos = len(heap) - 1
-        while pos > 0:  # sift the new event up towards the root
+        # Sift the new event up towards the root. The comparison (time, then order) is written out in
+        # each loop: a function call per comparison would cost the pure-Python build more than heapq.
+        while pos > 0:
             parent_pos = (pos - 1) >> 1
             parent = heap[parent_pos]
-            if not _before(event, parent):
+            if time_s > parent.time_s or (time_s == parent.time_s and order > parent.order):
                 break
             heap[pos] = parent
             pos = parent_pos
@@ -79,15 +78,18 @@ class Kernel:
         child = 1
         while child < n:
             right = child + 1
-            if right < n and not _before(heap[child], heap[right]):
-                child = right
+            if right < n:
+                a, b = heap[child], heap[right]
+                if b.time_s < a.time_s or (b.time_s == a.time_s and b.order < a.order):
+                    child = right
             heap[pos] = heap[child]
             pos = child
             child = 2 * pos + 1
+        time_s, order = last.time_s, last.order
         while pos > 0:
             parent_pos = (pos - 1) >> 1
             parent = heap[parent_pos]
-            if not _before(last, parent):
+            if time_s > parent.time_s or (time_s == parent.time_s and order > parent.order):
                 break
             heap[pos] = parent
             pos = parent_pos
