@@ -27,7 +27,7 @@ from tests.conftest import make_admission, make_view
     ],
 )
 def test_argmin_rotating(keys: list[float], start: int, want: int) -> None:
-    assert argmin_rotating(keys, start) == want
+    assert argmin_rotating(tuple(keys), start) == want
 
 
 def test_mix64_is_deterministic_and_spreads() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, ClassVar, Final, Protocol, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from calroute.errors import ConfigError, NoCandidateError
@@ -25,8 +25,12 @@ class RoutingPolicy(Protocol):
     def route(self, adm: Admission, view: ClusterView) -> RouteDecision: ...
 
 
-def healthy(pool: Sequence[InstanceState], role: str) -> list[InstanceState]:
-    """The routable members of a pool, in view order; NoCandidateError when there are none."""
+def healthy(pool: tuple[InstanceState, ...], role: str) -> list[InstanceState]:
+    """The routable members of a pool, in view order; NoCandidateError when there are none.
+
+    Tuples, not Sequences, here and in argmin_rotating: the compiled build (setup.py) indexes a tuple
+    directly and a Sequence through the object protocol.
+    """
     out = [s for s in pool if s.healthy]
     if not out:
         raise NoCandidateError(f"no healthy {role} instance to route to")
@@ -43,7 +47,7 @@ def mix64(*values: int) -> int:
     return x
 
 
-def argmin_rotating(keys: Sequence[float], start: int) -> int:
+def argmin_rotating(keys: tuple[float, ...], start: int) -> int:
     """Index of the smallest key; ties go to the first one found rotating from ``start``.
 
     Rotating the tie-break (rather than always taking index 0) spreads an idle cluster's requests.

@@ -25,6 +25,6 @@ class LeastLoaded:
     def route(self, adm: Admission, view: ClusterView) -> RouteDecision:
         pre = healthy(view.prefill, "prefill")
         dec = healthy(view.decode, "decode")
-        p = argmin_rotating([s.in_flight for s in pre], view.seq)
-        d = argmin_rotating([s.in_flight for s in dec], view.seq)
+        p = argmin_rotating(tuple([float(s.in_flight) for s in pre]), view.seq)
+        d = argmin_rotating(tuple([float(s.in_flight) for s in dec]), view.seq)
         return RouteDecision(pre[p].instance_id, dec[d].instance_id)

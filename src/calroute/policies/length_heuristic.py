@@ -33,7 +33,7 @@ class LengthHeuristic:
         pre = healthy(view.prefill, "prefill")
         dec = healthy(view.decode, "decode")
         if adm.predicted_output_tokens >= self.params.threshold_tokens:
-            d = argmin_rotating([s.in_flight for s in dec], view.seq)
+            d = argmin_rotating(tuple([float(s.in_flight) for s in dec]), view.seq)
         else:
             d = view.seq % len(dec)
         return RouteDecision(pre[view.seq % len(pre)].instance_id, dec[d].instance_id)
