@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 from calroute.sim.kernel import LATE, NORMAL, URGENT, Kernel
 
 
-def test_events_run_in_time_then_priority_then_fifo_order() -> None:
-    k = Kernel()
+@pytest.mark.parametrize("written_heap", [False, True])
+def test_events_run_in_time_then_priority_then_fifo_order(written_heap: bool) -> None:
+    k = Kernel(written_heap)
     log: list[tuple[float, str]] = []
 
     def note(tag: str) -> None:
@@ -26,8 +27,9 @@ def test_events_run_in_time_then_priority_then_fifo_order() -> None:
     assert k.events_processed == 5 and k.pending() == 0
 
 
-def test_callbacks_can_schedule_more_work() -> None:
-    k = Kernel()
+@pytest.mark.parametrize("written_heap", [False, True])
+def test_callbacks_can_schedule_more_work(written_heap: bool) -> None:
+    k = Kernel(written_heap)
     seen: list[float] = []
 
     def tick(n: int) -> None:
@@ -40,22 +42,26 @@ def test_callbacks_can_schedule_more_work() -> None:
     assert seen == [0.0, 0.25, 0.5, 0.75]
 
 
-def test_scheduling_in_the_past_is_refused() -> None:
-    k = Kernel()
+@pytest.mark.parametrize("written_heap", [False, True])
+def test_scheduling_in_the_past_is_refused(written_heap: bool) -> None:
+    k = Kernel(written_heap)
     k.at(1.0, lambda _: k.at(0.5, lambda _: None))
     with pytest.raises(ValueError, match="before now"):
         k.run()
 
 
-def test_an_unknown_priority_is_refused() -> None:
+@pytest.mark.parametrize("written_heap", [False, True])
+def test_an_unknown_priority_is_refused(written_heap: bool) -> None:
     with pytest.raises(ValueError, match="priority"):
-        Kernel().at(1.0, lambda _: None, priority=3)
+        Kernel(written_heap).at(1.0, lambda _: None, priority=3)
 
 
-def _run_plan(plan: list[tuple[int, int, int]], reference: bool) -> list[tuple[float, int, int]]:
+def _run_plan(
+    plan: list[tuple[int, int, int]], reference: bool, written_heap: bool = False
+) -> list[tuple[float, int, int]]:
     """Runs ``plan`` (events, some scheduling children when they run) on the Kernel or, with ``reference``,
     on a list scanned for the least (time, priority, sequence) at every step; returns what ran, in order."""
-    k = Kernel()
+    k = Kernel(written_heap)
     pending: list[tuple[float, int, int, int]] = []
     ran: list[tuple[float, int, int]] = []
     scheduled = 0
@@ -94,5 +100,7 @@ def _run_plan(plan: list[tuple[int, int, int]], reference: bool) -> list[tuple[f
         max_size=60,
     )
 )
-def test_the_heap_runs_events_as_a_full_scan_would(plan: list[tuple[int, int, int]]) -> None:
-    assert _run_plan(plan, reference=False) == _run_plan(plan, reference=True)
+def test_both_heaps_run_events_as_a_full_scan_would(plan: list[tuple[int, int, int]]) -> None:
+    want = _run_plan(plan, reference=True)
+    assert _run_plan(plan, reference=False, written_heap=False) == want
+    assert _run_plan(plan, reference=False, written_heap=True) == want

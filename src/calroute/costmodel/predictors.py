@@ -9,7 +9,6 @@ without it, so it cannot silently stand in for a prediction.
 from __future__ import annotations
 
 import random
-from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -71,21 +70,27 @@ def _bisect_left(ordered: list[int], value: int) -> int:
 
 
 class _SortedWindow:
-    """The last ``size`` values, kept both in arrival order and sorted (O(size) memmove per update)."""
+    """The last ``size`` values, in arrival order (a ring) and sorted (O(size) memmove per update)."""
 
     def __init__(self, size: int) -> None:
-        self._order: deque[int] = deque()
+        self._ring: list[int] = []  # arrival order; once full, _next is the oldest
+        self._next = 0
         self._sorted: list[int] = []
         self._size = size
 
     def __len__(self) -> int:
-        return len(self._order)
+        return len(self._ring)
 
     def add(self, value: int) -> None:
-        self._order.append(value)
+        ring = self._ring
         ordered = self._sorted
-        if len(self._order) > self._size:
-            old = self._order.popleft()
+        if len(ring) < self._size:
+            ring.append(value)
+        else:
+            i = self._next
+            old = ring[i]
+            ring[i] = value
+            self._next = i + 1 if i + 1 < self._size else 0
             if old == value:
                 return  # the sorted list is unchanged
             del ordered[_bisect_left(ordered, old)]

@@ -4,13 +4,17 @@ Ties in time go to the lower priority value, then to the earlier scheduled event
 counter), so a run is deterministic and independent of any other kernel in the process. The kernel knows
 nothing about LLMs; the cluster model schedules plain callbacks.
 
-The heap is written out rather than taken from heapq: heapq compares tuples through the object protocol
-(three rich comparisons per tuple), while the compiled build (setup.py) compares these events' fields as
-machine numbers. Scheduling was about a fifth of a simulated request's instructions with heapq.
+Two heaps give the same order, one per build, because each is twice as slow in the other: heapq over
+tuples for the pure-Python sources (C code, but it compares tuples through the object protocol), and a
+heap written out here over ``_Event`` objects for the compiled build (setup.py), which compares their
+fields as machine numbers. Compiled, heapq made scheduling about a fifth of a simulated request's
+instructions; interpreted, the written heap doubled the kernel's time per event. tests/sim/test_kernel.py
+runs both against a reference.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -21,6 +25,7 @@ LATE: Final = 2  # metric samples: observe the state after everything else at th
 Callback = Callable[[Any], None]
 
 _SEQ_BITS: Final = 56  # order = priority << 56 | seq: one integer compare for both tie-breakers
+COMPILED: Final = not __file__.endswith(".py")  # this module, built by setup.py
 
 
 class _Event:
@@ -34,9 +39,12 @@ class _Event:
 
 
 class Kernel:
-    def __init__(self) -> None:
+    def __init__(self, written_heap: bool = COMPILED) -> None:
+        """``written_heap``: which of the two heaps (module docstring); the default suits the build."""
         self.now_s = 0.0
-        self._heap: list[_Event] = []
+        self._written = written_heap
+        self._heap: list[_Event] = []  # the written heap
+        self._tuples: list[tuple[float, int, Callback, Any]] = []  # heapq's (order is unique: no ties)
         self._seq = 0
         self.events_processed = 0
 
@@ -49,6 +57,9 @@ class Kernel:
         seq = self._seq
         self._seq = seq + 1
         order = (priority << _SEQ_BITS) | seq
+        if not self._written:
+            heapq.heappush(self._tuples, (time_s, order, callback, arg))
+            return
         event = _Event(time_s, order, callback, arg)
         heap = self._heap
         heap.append(event)
@@ -98,14 +109,23 @@ class Kernel:
 
     def run(self) -> None:
         """Process events until none are left."""
-        heap = self._heap
         n = 0
-        while heap:
-            event = self._pop()
-            self.now_s = event.time_s
-            event.callback(event.arg)
-            n += 1
+        if self._written:
+            heap = self._heap
+            while heap:
+                event = self._pop()
+                self.now_s = event.time_s
+                event.callback(event.arg)
+                n += 1
+        else:
+            tuples = self._tuples
+            pop = heapq.heappop
+            while tuples:
+                time_s, _, callback, arg = pop(tuples)
+                self.now_s = time_s
+                callback(arg)
+                n += 1
         self.events_processed += n
 
     def pending(self) -> int:
-        return len(self._heap)
+        return len(self._heap) + len(self._tuples)
