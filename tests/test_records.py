@@ -119,9 +119,12 @@ def test_bad_lines_are_errors(line: str, message: str) -> None:
 def test_time_is_repr_of_round_to_the_microsecond(x: float) -> None:
     """_time's formatting fast path must give exactly what repr(round(x, 6)) gives (files are compared
     byte for byte across versions)."""
-    from calroute.records import _time
+    from calroute.records import _time, _time_from_micros
 
     assert _time(x) == repr(round(x, 6))
+    if 1e-4 <= x < 1e9:  # the compiled build's path (tests run the sources)
+        fast = _time_from_micros(x)
+        assert fast is None or fast == repr(round(x, 6))
 
 
 def test_time_edge_cases() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import statistics
 
 import pytest
@@ -13,6 +14,7 @@ from calroute.costmodel.predictors import (
     ConstantPredictor,
     NoisyPredictor,
     OraclePredictor,
+    _bisect_left_written,
     _SortedWindow,
     make_predictor,
 )
@@ -63,6 +65,12 @@ def test_sorted_window_matches_sorting_the_last_values(size: int, values: list[i
         last = sorted(values[max(0, i + 1 - size) : i + 1])
         assert len(w) == len(last)
         assert w.quantile(q) == last[min(len(last) - 1, int(q * len(last)))]
+
+
+@given(st.lists(st.integers(1, 30), max_size=40), st.integers(0, 31))
+def test_the_written_bisect_is_bisect_left(values: list[int], x: int) -> None:
+    ordered = sorted(values)
+    assert _bisect_left_written(ordered, x) == bisect.bisect_left(ordered, x)
 
 
 def test_noise_is_seeded_bounded_and_unbiased() -> None:
