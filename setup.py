@@ -1,5 +1,5 @@
 """The optional compiled build: `CALROUTE_COMPILE=1 pip install .` compiles the simulator's hot path with
-mypyc (part of mypy, already the project's type checker) into C extensions, about 4x faster (benchmarks/
+mypyc (part of mypy, already the project's type checker) into C extensions, about 7x faster (benchmarks/
 RESULTS.md); `make compiled` builds it into build/compiled for the benchmark and the equivalence test.
 
 Everything else (metadata, dependencies) is in pyproject.toml; without the variable this is a plain
