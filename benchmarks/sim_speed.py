@@ -87,6 +87,19 @@ def run_child(requests: int, rate: float, stretch: int | None, compiled: bool) -
     return doc
 
 
+def machine() -> dict[str, object]:
+    """What ran the benchmark: VMs differ by 2x between sessions, so results carry the CPU they ran on."""
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": sys.version.split()[0]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=50_000)
@@ -128,6 +141,7 @@ def main() -> None:
         "baseline_iteration_level_requests_per_s": base["rps"],
         "baseline_events_per_request": base["events"] / args.baseline_requests,
         "source_vs_iteration_level": source_rps / base["rps"],
+        "machine": machine(),
     }
     if args.json:
         print(json.dumps(result))
