@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from calroute.proxy.sse import MAX_ERROR_BYTES, scan
+from calroute.proxy.sse import ABORT_ERROR, MAX_ERROR_BYTES, scan
 
 TOKEN = b'data: {"id":"c","choices":[{"index":0,"text":"hi"}]}\n\n'
 USAGE = b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":7}}\n\n'
 DONE = b"data: [DONE]\n\n"
 ERROR = b'data: {"error":{"message":"boom","code":500}}\n\n'
+ABORT = b'data: {"id":"c","choices":[{"index":0,"text":"x","finish_reason":"abort"}]}\n\n'
 
 
 @pytest.mark.parametrize(
@@ -22,6 +23,7 @@ ERROR = b'data: {"error":{"message":"boom","code":500}}\n\n'
         (DONE, False, DONE, False, None, None),
         (ERROR + DONE, False, ERROR + DONE, False, None, '{"error":{"message":"boom","code":500}}'),
         (b'data: {"choices":[],"usage":{"completion_tokens":"x"}}\n\n', True, None, False, None, None),
+        (TOKEN + ABORT + DONE, False, None, True, None, ABORT_ERROR),  # vLLM's engine core died mid-stream
     ],
 )
 def test_scan(

@@ -2,8 +2,8 @@
 
 The relay forwards whole network reads; this looks at the complete events of one read for the three
 things the router needs: whether a content event came (first and last token times), the usage event (the
-token count; dropped again when the client did not ask for usage) and an error event. A pure function over
-bytes: no parse of every event, no state.
+token count; dropped again when the client did not ask for usage) and an error event or an abort. A pure
+function over bytes: no parse of every event, no state.
 """
 
 from __future__ import annotations
@@ -14,6 +14,10 @@ from typing import NamedTuple
 CONTENT = b'"choices":[{'
 USAGE = b'"choices":[]'  # vLLM's usage-only chunk
 ERROR = b'data: {"error"'
+# vLLM ends a request whose engine core died (or that was aborted) with this finish reason and [DONE]: the
+# answer is cut short without an error event. The proxy never aborts a request it is still relaying.
+ABORT = b'"finish_reason":"abort"'
+ABORT_ERROR = "the decode engine aborted the request (finish_reason abort)"
 MAX_ERROR_BYTES = 300
 
 
@@ -42,4 +46,6 @@ def scan(events: bytes, keep_usage: bool) -> Scan:
     if error_at >= 0:
         cut = events[error_at + 6 : error_at + 6 + MAX_ERROR_BYTES]
         error = cut.split(b"\n", 1)[0].decode(errors="replace")
+    elif ABORT in events:
+        error = ABORT_ERROR
     return Scan(events, CONTENT in events, output_tokens, error)
