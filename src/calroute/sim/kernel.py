@@ -38,6 +38,19 @@ class _Event:
         self.arg = arg
 
 
+def _sift_up(heap: list[_Event], pos: int, event: _Event) -> None:
+    """Place ``event`` at the hole ``pos`` or above it, moving later parents down (the written heap)."""
+    time_s, order = event.time_s, event.order
+    while pos > 0:
+        parent_pos = (pos - 1) >> 1
+        parent = heap[parent_pos]
+        if time_s > parent.time_s or (time_s == parent.time_s and order > parent.order):
+            break
+        heap[pos] = parent
+        pos = parent_pos
+    heap[pos] = event
+
+
 class Kernel:
     def __init__(self, written_heap: bool = COMPILED) -> None:
         """``written_heap``: which of the two heaps (module docstring); the default suits the build."""
@@ -63,17 +76,7 @@ class Kernel:
         event = _Event(time_s, order, callback, arg)
         heap = self._heap
         heap.append(event)
-        pos = len(heap) - 1
-        # Sift the new event up towards the root. The comparison (time, then order) is written out in
-        # each loop: a function call per comparison would cost the pure-Python build more than heapq.
-        while pos > 0:
-            parent_pos = (pos - 1) >> 1
-            parent = heap[parent_pos]
-            if time_s > parent.time_s or (time_s == parent.time_s and order > parent.order):
-                break
-            heap[pos] = parent
-            pos = parent_pos
-        heap[pos] = event
+        _sift_up(heap, len(heap) - 1, event)
 
     def _pop(self) -> _Event:
         """Remove and return the earliest event (the heap is not empty)."""
@@ -96,15 +99,7 @@ class Kernel:
             heap[pos] = heap[child]
             pos = child
             child = 2 * pos + 1
-        time_s, order = last.time_s, last.order
-        while pos > 0:
-            parent_pos = (pos - 1) >> 1
-            parent = heap[parent_pos]
-            if time_s > parent.time_s or (time_s == parent.time_s and order > parent.order):
-                break
-            heap[pos] = parent
-            pos = parent_pos
-        heap[pos] = last
+        _sift_up(heap, pos, last)
         return top
 
     def run(self) -> None:
