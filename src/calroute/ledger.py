@@ -18,9 +18,9 @@ and the last engine metrics sample per instance, and builds the ClusterView a po
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from heapq import heappop, heappush
 
 from calroute.costmodel.calibration import Calibration
 from calroute.errors import ConfigError
@@ -167,7 +167,7 @@ class Ledger:
         dec.pending_tokens -= e.predicted_output_tokens
         expiry = now_s + (e.predicted_output_tokens - 1) * self._rate_s(dec)
         if expiry > now_s:
-            heapq.heappush(dec.expiry_heap, (expiry, e.key))
+            heappush(dec.expiry_heap, (expiry, e.key))
             dec.active[e.key] = expiry
             dec.expiry_sum_s += expiry
         e.first_token_s = now_s
@@ -237,12 +237,12 @@ class Ledger:
         heap = b.expiry_heap
         active = b.active
         while heap and heap[0][0] <= now_s:
-            expiry, key = heapq.heappop(heap)
+            expiry, key = heappop(heap)
             if active.pop(key, None) is not None:
                 # Reset on empty so float drift cannot accumulate over a long run.
                 b.expiry_sum_s = b.expiry_sum_s - expiry if active else 0.0
         started_s = b.expiry_sum_s - float(len(active)) * now_s if active else 0.0
-        return pending_s + max(0.0, started_s)
+        return pending_s + started_s if started_s > 0.0 else pending_s  # max(): a generic call compiled
 
     def _state(self, b: _Book, now_s: float) -> InstanceState:
         s = b.spec

@@ -62,9 +62,12 @@ class SummaryAccumulator:
         self._requests += 1
         status = str(rec.status)  # the value; Enum's .value is a Python-level descriptor, hot here
         self._status[status] = self._status.get(status, 0) + 1
-        self._first_arrival_s = min(self._first_arrival_s, rec.arrival_s)
+        # comparisons, not min()/max(): those are generic calls in the compiled build (setup.py)
+        if rec.arrival_s < self._first_arrival_s:
+            self._first_arrival_s = rec.arrival_s
         end = rec.last_token_s if rec.last_token_s is not None else rec.arrival_s
-        self._last_event_s = max(self._last_event_s, end)
+        if end > self._last_event_s:
+            self._last_event_s = end
         ttft, tpot = rec.ttft_s, rec.tpot_s
         if rec.status is RequestStatus.OK and ttft is not None and tpot is not None:
             self._ttft.append(ttft)

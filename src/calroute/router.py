@@ -85,12 +85,16 @@ class Router:
 
     def prefill_done(self, request_id: str, now_s: float, prompt_tokens: int | None = None) -> None:
         self.ledger.prefill_done(request_id, now_s)
+        if not self._tracked:  # nothing tracked without online recalibration: skip the lookups
+            return
         t = self._tracked.get(request_id)
         if t is not None and t.unqueued_prefill and prompt_tokens is not None and self.online is not None:
             self.online[0].observe_prefill(prompt_tokens, now_s - t.admitted_s)
 
     def first_token(self, request_id: str, now_s: float) -> None:
         self.ledger.first_token(request_id, now_s)
+        if not self._tracked:
+            return
         t = self._tracked.get(request_id)
         if t is not None:
             t.at_first_token = self.ledger.sampled_load(t.decode_id)
@@ -107,6 +111,8 @@ class Router:
         self.ledger.done(request_id, now_s, output_tokens, ok)
         if ok:
             self.predictor.observe(prompt_tokens, output_tokens)
+        if not self._tracked:
+            return
         t = self._tracked.pop(request_id, None)
         if t is None or self.online is None or not ok or output_tokens < 2 or first_token_s is None:
             return

@@ -14,10 +14,10 @@ after which they join at the next boundary.
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import deque
 from collections.abc import Callable
+from heapq import heappop, heappush
 
 from calroute.costmodel.calibration import DecodeCurve, PrefillCurve
 from calroute.costmodel.profiles import EngineLimits
@@ -167,7 +167,7 @@ class DecodeInstance:
         # 1. finished requests leave
         heap = self._finish_heap
         if heap and heap[0][0] <= steps:
-            pop, on_done = heapq.heappop, self._on_done
+            pop, on_done = heappop, self._on_done
             while heap and heap[0][0] <= steps:
                 _, order = pop(heap)
                 req = running.pop(order, None)
@@ -265,7 +265,7 @@ class DecodeInstance:
         self._join_stack.append(order)
         if req.first_token_s is None:
             self._fresh.append(req)
-        heapq.heappush(self._finish_heap, (req.join_step + req.output_tokens, order))
+        heappush(self._finish_heap, (req.join_step + req.output_tokens, order))
         self._prompt_sum += req.prompt_tokens
         self._join_sum += req.join_step
 

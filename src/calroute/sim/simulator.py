@@ -8,9 +8,9 @@ in between; see sampling.py). Nothing of an engine's true remaining work reaches
 from __future__ import annotations
 
 import gc
-import heapq
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from heapq import heappop, heappush
 
 from calroute.costmodel.profiles import HardwareProfile
 from calroute.errors import ConfigError
@@ -235,7 +235,7 @@ class ClusterSim:
 
     def _first_tokens(self, t_s: float, reqs: list[SimRequest]) -> None:
         for req in reqs:
-            heapq.heappush(self._first_token_heap, (t_s, self._first_token_seq, req))
+            heappush(self._first_token_heap, (t_s, self._first_token_seq, req))
             self._first_token_seq += 1
 
     def _notify_first_tokens(self, now: float) -> None:
@@ -243,7 +243,7 @@ class ClusterSim:
         heap = self._first_token_heap
         first_token = self._router.first_token
         while heap and heap[0][0] <= now:
-            t, _, req = heapq.heappop(heap)
+            t, _, req = heappop(heap)
             first_token(req.request_id, t)
 
     def _done(self, req: SimRequest) -> None:
