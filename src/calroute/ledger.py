@@ -221,10 +221,14 @@ class Ledger:
         b.last_event_s = now_s
 
     def _rate_s(self, b: _Book) -> float:
-        v = b.rate.value()
-        if v is None:
-            v = b.pool_rate.value()
-        return b.prior_s if v is None else v
+        # _Rate.value() written out: its float | None result is a boxed float in the compiled build
+        r = b.rate
+        if r.den > 0:
+            return r.num / r.den
+        r = b.pool_rate
+        if r.den > 0:
+            return r.num / r.den
+        return b.prior_s
 
     def backlog_s(self, instance_id: str, now_s: float) -> float:
         b = self._books[instance_id]

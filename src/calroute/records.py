@@ -145,6 +145,23 @@ def _time_from_micros(x: float) -> str | None:
     return f"{seconds}.{_DIGITS3[milli]}{_DIGITS3_STRIPPED[rest]}"
 
 
+# The common enum values as JSON, picked by identity: formatting a StrEnum member builds a new str each time,
+# and hashing one (a dict key) runs Python code.
+_TIGHT_JSON: Final = '"tight"'
+_LOOSE_JSON: Final = '"loose"'
+_OK_JSON: Final = '"ok"'
+
+
+def _slo_json(slo: SloClass) -> str:
+    if slo is SloClass.TIGHT:
+        return _TIGHT_JSON
+    return _LOOSE_JSON if slo is SloClass.LOOSE else _quote(str(slo))
+
+
+def _status_json(status: RequestStatus) -> str:
+    return _OK_JSON if status is RequestStatus.OK else _quote(str(status))
+
+
 def _memo_quote(s: str, memo: dict[str, str]) -> str:
     """_quote(s), remembered: policy and instance ids repeat on every record (a bounded memo)."""
     q = memo.get(s)
@@ -159,19 +176,19 @@ def _line(rec: RequestRecord, memo: dict[str, str]) -> str:
     """One JSON object and its newline, keys in RECORD_FIELDS order (``memo``: see _memo_quote).
 
     Formatted by hand: json.dumps of a dict is 3x slower, and writing the simulator's records is a good
-    share of its time. Strings go through the same C escaper json.dumps uses; StrEnum members format as
-    their values.
+    share of its time. Strings go through the same C escaper json.dumps uses; StrEnum members are
+    written as their values.
     """
     pre, dec, err = rec.prefill_id, rec.decode_id, rec.error
     return (
-        f'{{"request_id":{_quote(rec.request_id)},"slo_class":"{rec.slo_class}",'
+        f'{{"request_id":{_quote(rec.request_id)},"slo_class":{_slo_json(rec.slo_class)},'
         f'"prompt_tokens":{rec.prompt_tokens},"target_output_tokens":{rec.target_output_tokens},'
         f'"predicted_output_tokens":{rec.predicted_output_tokens},"output_tokens":{rec.output_tokens},'
         f'"policy":{_memo_quote(rec.policy, memo)},'
         f'"prefill_id":{"null" if pre is None else _memo_quote(pre, memo)},'
         f'"decode_id":{"null" if dec is None else _memo_quote(dec, memo)},"arrival_s":{_time(rec.arrival_s)},'
         f'"prefill_done_s":{_time(rec.prefill_done_s)},"first_token_s":{_time(rec.first_token_s)},'
-        f'"last_token_s":{_time(rec.last_token_s)},"status":"{rec.status}",'
+        f'"last_token_s":{_time(rec.last_token_s)},"status":{_status_json(rec.status)},'
         f'"error":{"null" if err is None else _quote(err)}}}\n'
     )
 
