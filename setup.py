@@ -16,6 +16,7 @@ from setuptools import setup
 # monkeypatched or subclassed from Python, which none of these need; tests run against the pure sources.
 COMPILED_MODULES = [
     "src/calroute/types.py",
+    "src/calroute/heap.py",
     "src/calroute/costmodel/calibration.py",
     "src/calroute/costmodel/predictors.py",
     "src/calroute/ledger.py",

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from heapq import heappop, heappush
 
 from calroute.costmodel.calibration import Calibration
 from calroute.errors import ConfigError
+from calroute.heap import Entry, MinHeap
 from calroute.types import ClusterView, InstanceSpec, InstanceState, Role
 
 
@@ -60,7 +60,7 @@ class _Book:
     busy_s: float = 0.0
     last_event_s: float = 0.0
     # decode only: started requests, as expiry times of their predicted last token.
-    expiry_heap: list[tuple[float, int]] = field(default_factory=list)
+    expiry_heap: MinHeap = field(default_factory=MinHeap)  # keyed by expiry, ordered by entry key
     active: dict[int, float] = field(default_factory=dict)
     expiry_sum_s: float = 0.0
     # last engine metrics sample
@@ -167,7 +167,7 @@ class Ledger:
         dec.pending_tokens -= e.predicted_output_tokens
         expiry = now_s + (e.predicted_output_tokens - 1) * self._rate_s(dec)
         if expiry > now_s:
-            heappush(dec.expiry_heap, (expiry, e.key))
+            dec.expiry_heap.push(Entry(expiry, e.key))
             dec.active[e.key] = expiry
             dec.expiry_sum_s += expiry
         e.first_token_s = now_s
@@ -240,9 +240,10 @@ class Ledger:
             return pending_s
         heap = b.expiry_heap
         active = b.active
-        while heap and heap[0][0] <= now_s:
-            expiry, key = heappop(heap)
-            if active.pop(key, None) is not None:
+        while heap.top_key() <= now_s:
+            entry = heap.pop()
+            expiry = entry.key
+            if active.pop(entry.order, None) is not None:
                 # Reset on empty so float drift cannot accumulate over a long run.
                 b.expiry_sum_s = b.expiry_sum_s - expiry if active else 0.0
         started_s = b.expiry_sum_s - float(len(active)) * now_s if active else 0.0

@@ -17,10 +17,10 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
-from heapq import heappop, heappush
 
 from calroute.costmodel.calibration import DecodeCurve, PrefillCurve
 from calroute.costmodel.profiles import EngineLimits
+from calroute.heap import Entry, MinHeap
 from calroute.sim.kernel import URGENT, Kernel
 from calroute.sim.requests import SimRequest
 from calroute.sim.sampling import HeldMetrics, Sample
@@ -62,7 +62,7 @@ class DecodeInstance:
         self._reserved = 0  # KV reserved for transfers in flight
         self._running: dict[int, SimRequest] = {}
         self._join_stack: list[int] = []  # join orders, newest last (lazy: finished ones are skipped)
-        self._finish_heap: list[tuple[int, int]] = []  # (finish step, join order)
+        self._finish_heap = MinHeap()  # keyed by finish step, ordered by join order
         self._next_order = 0
         self._fresh: list[SimRequest] = []  # joined, first token not yet scheduled
         self._prompt_sum = 0
@@ -166,10 +166,10 @@ class DecodeInstance:
         running = self._running
         # 1. finished requests leave
         heap = self._finish_heap
-        if heap and heap[0][0] <= steps:
-            pop, on_done = heappop, self._on_done
-            while heap and heap[0][0] <= steps:
-                _, order = pop(heap)
+        if heap.top_key() <= steps:
+            on_done = self._on_done
+            while heap.top_key() <= steps:
+                order = heap.pop().order
                 req = running.pop(order, None)
                 if req is None:
                     continue  # preempted after this entry was pushed
@@ -231,7 +231,7 @@ class DecodeInstance:
         self._growth_s = growth = self._c * n
         k_kv = (cap - reserved - context) // n
         # min() of three is a generic call in the compiled build; two comparisons are not
-        k_next = heap[0][0] - steps
+        k_next = int(heap.top_key()) - steps  # a request runs, so an entry is there; steps fit a float
         if k_kv < k_next:
             k_next = k_kv
         if self._max_stretch < k_next:
@@ -265,7 +265,7 @@ class DecodeInstance:
         self._join_stack.append(order)
         if req.first_token_s is None:
             self._fresh.append(req)
-        heappush(self._finish_heap, (req.join_step + req.output_tokens, order))
+        self._finish_heap.push(Entry(float(req.join_step + req.output_tokens), order))
         self._prompt_sum += req.prompt_tokens
         self._join_sum += req.join_step
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from heapq import heappop, heappush
 
 from calroute.costmodel.profiles import HardwareProfile
 from calroute.errors import ConfigError
+from calroute.heap import Entry, MinHeap
 from calroute.records import RequestRecord
 from calroute.router import Router
 from calroute.sim.decode import DecodeInstance
@@ -104,7 +104,7 @@ class ClusterSim:
         self._arrivals: Iterator[RequestSpec] = iter(())
         self._in_flight = 0
         # first tokens are known when a decode stretch is planned; the router hears of them at their time
-        self._first_token_heap: list[tuple[float, int, SimRequest]] = []
+        self._first_token_heap = MinHeap()  # entries (time, seq, SimRequest)
         self._first_token_seq = 0
         self._engines: list[PrefillInstance | DecodeInstance] = [
             *self.prefill.values(),
@@ -188,8 +188,7 @@ class ClusterSim:
                 )
             )
             return
-        heap = self._first_token_heap
-        if heap and heap[0][0] <= now:
+        if self._first_token_heap.top_key() <= now:
             self._notify_first_tokens(now)
         self._record_samples(now)
         # Engine metrics are read at (admitted) arrivals only, so none is read before the next arrival.
@@ -224,8 +223,7 @@ class ClusterSim:
 
     def _prefill_done(self, req: SimRequest) -> None:
         now = self.kernel.now_s
-        heap = self._first_token_heap
-        if heap and heap[0][0] <= now:
+        if self._first_token_heap.top_key() <= now:
             self._notify_first_tokens(now)
         self._router.prefill_done(req.request_id, now, req.prompt_tokens)
         self.decode[req.decode_id].enqueue(req)
@@ -235,21 +233,21 @@ class ClusterSim:
 
     def _first_tokens(self, t_s: float, reqs: list[SimRequest]) -> None:
         for req in reqs:
-            heappush(self._first_token_heap, (t_s, self._first_token_seq, req))
+            self._first_token_heap.push(Entry(t_s, self._first_token_seq, req))
             self._first_token_seq += 1
 
     def _notify_first_tokens(self, now: float) -> None:
         """Tell the router of first tokens emitted up to ``now``, in order, before it hears anything later."""
         heap = self._first_token_heap
         first_token = self._router.first_token
-        while heap and heap[0][0] <= now:
-            t, _, req = heappop(heap)
-            first_token(req.request_id, t)
+        while heap.top_key() <= now:
+            entry = heap.pop()
+            req: SimRequest = entry.item
+            first_token(req.request_id, entry.key)
 
     def _done(self, req: SimRequest) -> None:
         now = self.kernel.now_s
-        heap = self._first_token_heap
-        if heap and heap[0][0] <= now:
+        if self._first_token_heap.top_key() <= now:
             self._notify_first_tokens(now)
         self._in_flight -= 1
         request_id, prompt_tokens, output_tokens, first_token_s = (
