@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 from pathlib import Path
@@ -114,6 +115,11 @@ def serve(
     err.print(f"calroute proxy on http://{host}:{port} ({policy}, {len(c.prefill)}P+{len(c.decode)}D)")
     from calroute.aio import new_event_loop
 
+    # A full garbage collection walks every object the process holds: 15 - 18 ms once the proxy's libraries
+    # are loaded, a pause added to the TTFT of every request in flight. What exists now (modules, the app)
+    # lives as long as the process: frozen, it leaves later collections only the objects made while serving.
+    gc.collect()
+    gc.freeze()
     web.run_app(
         proxy.app(),
         host=host,
