@@ -56,6 +56,7 @@ MAX_STREAM_OVERHEAD_S = 30e-6
 MAX_REQUEST_OVERHEAD_S = 0.015  # a sanity bound, so the overhead correction cannot hide a gross error
 OVERHEAD_PROMPT_TOKENS = 32
 ATTEMPTS = 2
+MIN_PREFILL_R2_HELD_OUT = 0.99
 
 
 @pytest.fixture
@@ -151,6 +152,10 @@ def _check_against_profile(report: dict[str, Any], cluster: ClusterFile) -> dict
     bad |= {k: round(e, 4) for k, e in errors.items() if k in curve_terms and abs(e) > CURVE_TERM_TOLERANCE}
     bad |= {f"step{k}": round(e, 4) for k, e in step_errors.items() if abs(e) > TOLERANCE}
     assert not bad, f"off the profile by more than the tolerance: {bad}"
+    # Prefill latency is linear in prompt tokens on the emulator; a held-out R^2 below this means the sweep's
+    # points were disturbed (seen once in CI: 0.977 on a first attempt whose constants were all in tolerance).
+    r2 = report["fits"]["prefill"]["r2_held_out"]
+    assert r2 is not None and r2 > MIN_PREFILL_R2_HELD_OUT, f"prefill held-out R^2 {r2}"
     return errors
 
 
@@ -202,7 +207,7 @@ def test_emulated_cluster_recovers_the_profile(tmp_path: Path) -> None:
     }
     assert set(p["samples"]) == {"prefill", "decode", "transfer"}
     assert set(p["fit"]) == {"prefill", "decode", "transfer"}
-    assert p["fit"]["prefill"]["r2_held_out"] > 0.99
+    assert p["fit"]["prefill"]["r2_held_out"] > MIN_PREFILL_R2_HELD_OUT
     assert cal.kv_bytes_per_token == PROFILE.kv_bytes_per_token
     assert Calibration.from_dict(json.loads(cal.to_json())) == cal
 
