@@ -72,6 +72,14 @@ def sse_chunk(w: asyncio.StreamWriter, i: int) -> None:
     w.write(b"%x\r\n%s\r\n" % (len(event), event))
 
 
+def collect(into: list[bytes]) -> Callable[[bytes], bool]:
+    def on_part(part: bytes) -> bool:
+        into.append(part)
+        return True
+
+    return on_part
+
+
 def run(coro: Awaitable[None]) -> None:
     asyncio.run(asyncio.wait_for(coro, 10.0))
 
@@ -150,8 +158,9 @@ def test_silence_is_a_timeout_and_a_break_is_an_upstream_error() -> None:
                 async with await ep.request("POST", "/v1/completions", {}, b"{}", read_timeout_s=0.3) as resp:
                     parts = resp.parts()
                     assert await parts.__anext__() == b'data: {"n": 0}\n\n'
-                    with pytest.raises(error):
-                        await parts.__anext__()
+                    with pytest.raises(error):  # after what came (a cut chunk's first bytes, too)
+                        async for _ in parts:
+                            pass
 
     run(go())
 
@@ -240,9 +249,9 @@ def test_idle_connections_are_closed_without_new_requests() -> None:
             await asyncio.gather(*(one() for _ in range(5)))
             assert engine.connections == 5
             kept = [conn for _, conn in ep._idle]
-            assert len(kept) == 5 and not any(w.is_closing() for _, w in kept)
+            assert len(kept) == 5 and not any(conn.is_closing() for conn in kept)
             await asyncio.sleep(0.3)
-            assert not ep._idle and all(w.is_closing() for _, w in kept)
+            assert not ep._idle and all(conn.is_closing() for conn in kept)
 
     run(go())
 
@@ -255,5 +264,80 @@ def test_an_engine_that_is_down_is_an_upstream_error() -> None:
         await server.wait_closed()
         with pytest.raises(UpstreamError):
             await Endpoint(f"http://127.0.0.1:{port}", 4.0).request("POST", "/v1/completions", {}, b"{}")
+
+    run(go())
+
+
+def test_a_relay_hands_on_each_piece_from_the_callback_and_keeps_the_connection() -> None:
+    async def stream(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
+        sse_head(w)
+        for i in range(3):
+            sse_chunk(w, i)
+            await w.drain()
+            await asyncio.sleep(0.01)
+        w.write(b"0\r\n\r\n")
+        return True
+
+    async def go() -> None:
+        engine = Engine(stream)
+        async with engine as ep:
+            for _ in range(2):
+                got: list[bytes] = []
+                async with await ep.request("POST", "/v1/completions", {}, b"{}", read_timeout_s=2.0) as resp:
+                    first = await resp.next_part()
+                    assert await resp.relay(collect(got)) is True
+                assert first is not None and first + b"".join(got) == b"".join(
+                    b'data: {"n": %d}\n\n' % i for i in range(3)
+                )
+        assert engine.connections == 1
+
+    run(go())
+
+
+def test_a_relay_stopped_early_drops_its_connection() -> None:
+    async def stream(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
+        sse_head(w)
+        for i in range(3):
+            sse_chunk(w, i)
+            await w.drain()
+            await asyncio.sleep(0.01)
+        w.write(b"0\r\n\r\n")
+        return True
+
+    async def go() -> None:
+        engine = Engine(stream)
+        async with engine as ep:
+            for _ in range(2):
+                async with await ep.request("POST", "/v1/completions", {}, b"{}") as resp:
+                    assert await resp.relay(lambda part: False) is False
+        assert engine.connections == 2
+
+    run(go())
+
+
+def test_a_relay_reports_silence_and_breaks_like_a_read() -> None:
+    async def silent_after_one(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
+        sse_head(w)
+        sse_chunk(w, 0)
+        await w.drain()
+        await asyncio.sleep(5)
+        return False
+
+    async def breaks_after_one(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
+        sse_head(w)
+        sse_chunk(w, 0)
+        await w.drain()
+        await asyncio.sleep(0.05)
+        w.write(b"5\r\nda")
+        return False
+
+    async def go() -> None:
+        for handler, error in ((silent_after_one, TimeoutError), (breaks_after_one, UpstreamError)):
+            async with Engine(handler) as ep:
+                got: list[bytes] = []
+                async with await ep.request("POST", "/v1/completions", {}, b"{}", read_timeout_s=0.3) as resp:
+                    with pytest.raises(error):
+                        await resp.relay(collect(got))
+                assert b"".join(got).startswith(b'data: {"n": 0}\n\n')
 
     run(go())

@@ -33,9 +33,9 @@ from calroute.proxy.errors import ClientGone, EngineFailed, json_error
 from calroute.proxy.metrics import ProxyMetrics
 from calroute.proxy.oracle import ORACLE_HEADER, oracle_tokens
 from calroute.proxy.prompt_length import PromptLength
+from calroute.proxy.relay import StreamRelay
 from calroute.proxy.signals import Signals
 from calroute.proxy.slo import slo_class
-from calroute.proxy.sse import scan
 from calroute.proxy.upstream import Endpoint, Response, UpstreamError
 from calroute.records import RecordWriter, RequestRecord
 from calroute.router import Router
@@ -353,73 +353,65 @@ class Proxy:
     async def _relay_stream(
         self, request: web.Request, r: Response, f: _Flight, client_wants_usage: bool
     ) -> web.StreamResponse:
-        """Relay the decode engine's SSE as it comes, whole reads at a time (one write per read, not per
-        line), watching only for what the router needs: the first content event, the usage event (kept only
-        if the client asked for it) and an error event.
+        """Relay the decode engine's SSE stream (relay.py). The first piece is awaited here: until it
+        comes, a failure is the engine's and the caller retries elsewhere. The rest goes from the engine
+        connection's data callback straight to the client.
 
-        Two sides can fail here and they mean different things: a read from the engine that breaks is the
-        engine's fault (out of routing); a write to the client that breaks is the client leaving (the engine
-        is fine). The record is written before the stream's end goes out, so a client that has seen the
-        whole answer can already find its record."""
-        resp: web.StreamResponse | None = None
-        error: str | None = None
-        pending = b""  # an event split across reads
-        chunks = r.parts().__aiter__()
-        while True:
+        Two sides can fail after that and they mean different things: a read from the engine that breaks
+        is the engine's fault (out of routing); a write to the client that breaks is the client leaving
+        (the engine is fine). The record is written before the stream's end goes out, so a client that
+        has seen the whole answer can already find its record."""
+        first = await r.next_part()
+        if first is None:
+            raise EngineFailed(f.decode_id or "", "decode", "empty response")
+        relay = StreamRelay(
+            client_wants_usage, self.now, lambda now: self.router.first_token(f.request_id, now)
+        )
+        try:
+            resp = web.StreamResponse(
+                status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+            )
+            await self._to_client(f, resp.prepare(request))
+            await self._to_client(f, resp.write(relay.events(first)))  # the head goes out with it
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                raise self._client_gone(f)
+            relay.attach(transport, resp.headers.get("Transfer-Encoding") == "chunked", r)
             try:
-                chunk = await chunks.__anext__()
-            except StopAsyncIteration:
-                break
+                await r.relay(relay.piece)
             except (UpstreamError, TimeoutError) as e:
-                if resp is None:
-                    raise  # nothing reached the client yet: the caller retries elsewhere
                 error = f"decode engine {f.decode_id} broke off the stream: {type(e).__name__}"
                 self.signals.mark_failed(f.decode_id or "", error)
                 self.metrics.engine_errors.labels(f.decode_id or "").inc()
+                relay.error = error
                 body = {"error": {"message": error, "type": "BadGateway", "param": None, "code": 502}}
-                pending = f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode()
-                break
-            if resp is None:
-                resp = web.StreamResponse(
-                    status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-                )
-                await self._to_client(f, resp.prepare(request))
-            data = pending + chunk
-            cut = data.rfind(b"\n\n") + 2
-            if cut < 2:
-                pending = data
-                continue
-            events, pending = data[:cut], data[cut:]
-            seen = scan(events, client_wants_usage)
-            if seen.content:
-                now = self.now()
-                if f.first_token_s is None:
-                    f.first_token_s = now
-                    self.router.first_token(f.request_id, now)
-                f.last_token_s = now
-            if seen.output_tokens is not None:
-                f.output_tokens = seen.output_tokens
-            error = seen.error or error
-            events = seen.events
-            if events:
-                await self._to_client(f, resp.write(events))
-        if resp is None:
-            raise EngineFailed(f.decode_id or "", "decode", "empty response")
-        if pending:
-            await self._to_client(f, resp.write(pending))
-        self._finish(f, RequestStatus.FAILED if error else RequestStatus.OK, error)
+                relay.pending += f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode()
+            finally:
+                relay.detach()
+            if relay.client_gone:
+                raise self._client_gone(f)
+            if relay.pending:
+                await self._to_client(f, resp.write(relay.pending))
+        finally:
+            f.first_token_s, f.last_token_s = relay.first_token_s, relay.last_token_s
+            if relay.output_tokens is not None:
+                f.output_tokens = relay.output_tokens
+        self._finish(f, RequestStatus.FAILED if relay.error else RequestStatus.OK, relay.error)
         try:
             await resp.write_eof()
         except ConnectionError:
             pass  # the client left after the last byte was written: the record stands
         return resp
 
+    def _client_gone(self, f: _Flight) -> ClientGone:
+        self._finish(f, RequestStatus.CANCELLED, "client disconnected")
+        return ClientGone()
+
     async def _to_client(self, f: _Flight, write: Awaitable[Any]) -> None:
         try:
             await write
         except ConnectionError as e:  # aiohttp's ClientConnectionResetError is one too
-            self._finish(f, RequestStatus.CANCELLED, "client disconnected")
-            raise ClientGone from e
+            raise self._client_gone(f) from e
 
     # ---- bookkeeping --------------------------------------------------------------------------------
 

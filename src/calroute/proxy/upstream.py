@@ -1,10 +1,12 @@
-"""The proxy's HTTP/1.1 client to its engines: requests over kept-alive connections, on asyncio streams.
+"""The proxy's HTTP/1.1 client to its engines: requests over kept-alive connections, on asyncio protocols.
 
 Every client request costs the proxy two engine requests (the prefill, the decode stream). Through aiohttp's
 client those two were the largest part of the proxy's CPU per request (benchmarks/RESULTS.md); this writes
-a request in one call and reads the answer with a few awaits that do not suspend when the bytes are
-already there. Deliberately small: HTTP/1.1, Content-Length, chunked or close-delimited bodies, no
-redirects, no compression (none is asked for), no proxies. The /metrics polls use it too (scrape.py).
+a request in one call and reads the answer from the connection's own buffer. A decode stream can also be
+relayed from the event loop's data callback (Response.relay): through asyncio streams every SSE event woke
+a task and two async generators, the largest per-event cost left. Deliberately small: HTTP/1.1,
+Content-Length, chunked or close-delimited bodies (http1.py), no redirects, no compression (none is asked
+for), no proxies. The /metrics polls use it too (scrape.py).
 """
 
 from __future__ import annotations
@@ -13,80 +15,152 @@ import asyncio
 import ssl
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from types import TracebackType
+from typing import cast
 from urllib.parse import urlsplit
 
-MAX_HEAD_BYTES = 64 * 1024
-_BODY_CLOSE, _BODY_LENGTH, _BODY_CHUNKED = 0, 1, 2
+from calroute.proxy.http1 import BodyDecoder, FramingError, Head
 
-Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+MAX_HEAD_BYTES = 64 * 1024
 
 
 class UpstreamError(Exception):
     """The engine could not be reached, broke the exchange off, or answered with HTTP we do not read."""
 
 
-class Head:
-    """A response's status line and headers (names lower-cased), and how its body is delimited."""
+class _ClosedEarly(EOFError):
+    """The engine closed the connection before a whole response head came; ``partial``: what did."""
 
-    __slots__ = ("body", "headers", "keep_alive", "length", "status")
-
-    def __init__(self, raw: bytes) -> None:
-        status_line, *lines = raw[:-4].split(b"\r\n")
-        version, status = status_line.split(b" ", 2)[:2]
-        self.status = int(status)
-        self.headers: dict[bytes, bytes] = {}
-        for line in lines:
-            name, _, value = line.partition(b":")
-            self.headers[name.strip().lower()] = value.strip()
-        self.keep_alive = version == b"HTTP/1.1" and self.headers.get(b"connection", b"").lower() != b"close"
-        self.length = 0
-        if self.headers.get(b"transfer-encoding", b"").lower() == b"chunked":
-            self.body = _BODY_CHUNKED
-        elif b"content-length" in self.headers:
-            self.body, self.length = _BODY_LENGTH, int(self.headers[b"content-length"])
-        elif self.status in (204, 304) or 100 <= self.status < 200:
-            self.body = _BODY_LENGTH
-        else:
-            self.body, self.keep_alive = _BODY_CLOSE, False
+    def __init__(self, partial: bytes) -> None:
+        super().__init__(f"the engine closed the connection after {len(partial)} bytes of the head")
+        self.partial = partial
 
 
-async def read_head(reader: asyncio.StreamReader) -> Head:
-    return Head(await reader.readuntil(b"\r\n\r\n"))
+class Connection(asyncio.Protocol):
+    """One connection to an engine. What arrives waits in a buffer for the coroutine reads, or, while a
+    response is being relayed, goes straight to it from the event loop's data callback."""
 
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self._buffer = bytearray()
+        self.closed = False  # the engine's end: EOF, a reset, or our own close
+        self.error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._writable: asyncio.Future[None] | None = None  # set while the socket is full
+        self.relaying: Response | None = None
 
-async def body_parts(reader: asyncio.StreamReader, head: Head) -> AsyncIterator[bytes]:
-    """The body, a piece at a time as it arrives (a chunk, or what one read returned)."""
-    if head.body == _BODY_LENGTH:
-        if head.length:
-            yield await reader.readexactly(head.length)
-    elif head.body == _BODY_CHUNKED:
+    # ---- asyncio.Protocol -----------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self.relaying is not None:
+            self.relaying._relayed(data)
+            return
+        self._buffer += data
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self._ended(None)
+        return False  # the transport closes itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._ended(exc)
+
+    def pause_writing(self) -> None:
+        if self._writable is None:
+            self._writable = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+        self._writable = None
+
+    # ---- for the client -------------------------------------------------------------------------------
+
+    def _ended(self, exc: BaseException | None) -> None:
+        if self.closed:
+            return
+        self.closed, self.error = True, exc
+        self._wake()
+        self.resume_writing()
+        if self.relaying is not None:
+            self.relaying._relay_ended()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def _wait(self) -> None:
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    async def send(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(data)
+        if self._writable is not None:  # a long prompt: let the socket take it
+            await self._writable
+        if self.closed and self.error is not None:
+            raise ConnectionResetError(f"the engine closed the connection: {self.error}")
+
+    async def read_head(self) -> Head:
         while True:
-            size = int((await reader.readuntil(b"\r\n"))[:-2].split(b";", 1)[0], 16)
-            if size == 0:
-                while (await reader.readuntil(b"\r\n")) != b"\r\n":
-                    pass  # trailers
-                return
-            part = await reader.readexactly(size + 2)
-            yield part[:-2]
-    else:
-        while part := await reader.read(65536):
-            yield part
+            end = self._buffer.find(b"\r\n\r\n")
+            if end >= 0:
+                raw = bytes(self._buffer[: end + 4])
+                del self._buffer[: end + 4]
+                return Head(raw)
+            if len(self._buffer) > MAX_HEAD_BYTES:
+                raise FramingError(f"a response head larger than {MAX_HEAD_BYTES} bytes")
+            if self.closed:
+                raise _ClosedEarly(bytes(self._buffer))
+            await self._wait()
+
+    async def read_some(self) -> bytes:
+        """What has arrived (waiting for something if nothing has); b"" once the connection has ended."""
+        while not self._buffer:
+            if self.closed:
+                return b""
+            await self._wait()
+        return self.take_buffered()
+
+    def take_buffered(self) -> bytes:
+        data = bytes(self._buffer)
+        self._buffer.clear()
+        return data
+
+    def reusable(self) -> bool:
+        return not self.closed and not self._buffer and self.transport is not None and not self.is_closing()
+
+    def is_closing(self) -> bool:
+        return self.transport is None or self.transport.is_closing()
+
+    def close(self) -> None:
+        self.relaying = None
+        if self.transport is not None:
+            self.transport.close()
 
 
-async def read_body(reader: asyncio.StreamReader, head: Head) -> bytes:
-    return b"".join([part async for part in body_parts(reader, head)])
-
-
-# What a broken exchange raises from asyncio streams. TimeoutError is an OSError too: every handler lets it
-# through first, since a silent engine and a broken one are told apart by the callers.
-TRANSPORT_ERRORS = (OSError, EOFError, ValueError, IndexError, asyncio.LimitOverrunError)
+def _broken(conn: Connection, fired: bool, timeout_s: float | None) -> Exception:
+    """Why a body stopped short: the silence watch cut it (TimeoutError), or the engine did."""
+    if fired:
+        return TimeoutError(f"the engine was silent for {timeout_s:g} s")
+    why = f": {type(conn.error).__name__}: {conn.error}" if conn.error is not None else ""
+    return UpstreamError(f"the engine closed the connection in the middle of the body{why}")
 
 
 class Response:
     """An engine's answer, read within ``async with``: leaving the block returns the connection to its
-    endpoint when the body was read to the end and the engine keeps it alive, and closes it otherwise."""
+    endpoint when the body was read to the end and the engine keeps it alive, and closes it otherwise.
+
+    The body comes either piece by piece to a coroutine (next_part, parts, read) or, from some point on,
+    to a callback (relay). Both raise UpstreamError when the engine breaks off and TimeoutError when it
+    stays silent for longer than the read timeout."""
 
     def __init__(
         self, endpoint: Endpoint, conn: Connection, head: Head, read_timeout_s: float | None
@@ -96,7 +170,12 @@ class Response:
         self._endpoint = endpoint
         self._conn: Connection | None = conn
         self._read_timeout_s = read_timeout_s
+        self._decoder = BodyDecoder(head)
+        self._pending: deque[bytes] = deque()
         self._complete = False
+        self._watch: _Silence | None = None
+        self._on_part: Callable[[bytes], bool] | None = None
+        self._relay_done: asyncio.Future[bool] | None = None
 
     async def __aenter__(self) -> Response:
         return self
@@ -104,43 +183,152 @@ class Response:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
         if self._conn is not None:
+            self._conn.relaying = None
             if self._complete and self.head.keep_alive and exc_type is None:
                 self._endpoint.give_back(self._conn)
             else:
-                self._conn[1].close()
+                self._conn.close()
             self._conn = None
+
+    def _silence(self) -> _Silence | None:
+        if self._watch is None and self._read_timeout_s is not None:
+            assert self._conn is not None
+            self._watch = _Silence(self._conn, self._read_timeout_s)
+        return self._watch
+
+    def _ended_well(self) -> None:
+        self._complete = not self._decoder.rest
+        if self._watch is not None:
+            self._watch.cancel()
+
+    async def next_part(self) -> bytes | None:
+        """The body's next piece as it arrives; None after its end."""
+        conn = self._conn
+        assert conn is not None, "the response was closed"
+        while not self._pending:
+            if self._decoder.done:
+                self._ended_well()
+                return None
+            watch = self._silence()
+            if watch is not None:
+                watch.reading = watch.now()
+            data = await conn.read_some()
+            if watch is not None:
+                watch.reading = None
+            if not data:
+                fired = watch is not None and watch.fired  # the watch cut it: even a close-delimited body
+                if not fired and self._decoder.end():
+                    self._ended_well()
+                    return None
+                raise _broken(conn, fired, self._read_timeout_s)
+            try:
+                self._pending.extend(self._decoder.feed(data))
+            except FramingError as e:
+                raise UpstreamError(str(e)) from e
+        return self._pending.popleft()
+
+    async def parts(self) -> AsyncIterator[bytes]:
+        while (part := await self.next_part()) is not None:
+            yield part
 
     async def read(self) -> bytes:
         return b"".join([part async for part in self.parts()])
 
-    async def parts(self) -> AsyncIterator[bytes]:
-        """The body's pieces as they come; UpstreamError when the engine breaks off, TimeoutError when it
-        stays silent for longer than the read timeout."""
-        assert self._conn is not None, "the response was closed"
-        pieces = body_parts(self._conn[0], self.head).__aiter__()
-        watch = None if self._read_timeout_s is None else _Silence(self._conn[1], self._read_timeout_s)
+    # ---- the relay ------------------------------------------------------------------------------------
+
+    def relay(self, on_part: Callable[[bytes], bool]) -> asyncio.Future[bool]:
+        """Hand the rest of the body to ``on_part`` from the event loop's data callback, each piece as it
+        arrives; ``on_part`` returns False to stop early. The future: True once the body has ended, False
+        when stopped (the connection is then dropped), or the error that broke it off."""
+        conn = self._conn
+        assert conn is not None, "the response was closed"
+        self._on_part = on_part
+        self._relay_done = asyncio.get_running_loop().create_future()
+        pending = list(self._pending)
+        self._pending.clear()
+        for part in pending:
+            if not self._deliver(part):
+                return self._relay_done
+        conn.relaying = self
+        watch = self._silence()
+        if watch is not None:
+            watch.reading = watch.now()
+        buffered = conn.take_buffered()
+        if buffered:
+            self._relayed(buffered)
+        elif self._decoder.done:
+            self._stop(True)
+        if conn.closed and conn.relaying is self:
+            self._relay_ended()
+        return self._relay_done
+
+    def stop(self) -> None:
+        """End a relay early (the consumer gave up): its future resolves False."""
+        self._stop(False)
+
+    def pause_reading(self) -> None:
+        """The consumer cannot take more for now: stop reading the engine (its own flow control holds it),
+        and the silence watch with it."""
+        if self._conn is not None and self._conn.transport is not None:
+            self._conn.transport.pause_reading()
+        if self._watch is not None:
+            self._watch.reading = None
+
+    def resume_reading(self) -> None:
+        if self._conn is not None and self._conn.transport is not None and not self._conn.closed:
+            self._conn.transport.resume_reading()
+        if self._watch is not None:
+            self._watch.reading = self._watch.now()
+
+    def _deliver(self, part: bytes) -> bool:
+        assert self._on_part is not None
         try:
-            while True:
-                if watch is not None:
-                    watch.reading = asyncio.get_running_loop().time()
-                try:
-                    part = await pieces.__anext__()
-                except StopAsyncIteration:
-                    if watch is not None and watch.fired:  # a close-delimited body cut off by the watch
-                        raise TimeoutError(f"the engine was silent for {self._read_timeout_s:g} s") from None
-                    self._complete = True
-                    return
-                except TRANSPORT_ERRORS as e:
-                    if watch is not None and watch.fired:
-                        raise TimeoutError(f"the engine was silent for {self._read_timeout_s:g} s") from e
-                    raise UpstreamError(f"{type(e).__name__}: {e}") from e
-                if watch is not None:
-                    watch.reading = None
-                yield part
-        finally:
-            if watch is not None:
-                watch.cancel()
+            keep_on = self._on_part(part)
+        except Exception as e:  # the consumer's own failure: hand it to the awaiting coroutine
+            self._stop(e)
+            return False
+        if not keep_on:
+            self._stop(False)
+        return keep_on
+
+    def _relayed(self, data: bytes) -> None:
+        if self._watch is not None and self._watch.reading is not None:
+            self._watch.reading = self._watch.now()
+        try:
+            parts = self._decoder.feed(data)
+        except FramingError as e:
+            self._stop(UpstreamError(str(e)))
+            return
+        for part in parts:
+            if not self._deliver(part):
+                return
+        if self._decoder.done:
+            self._stop(True)
+
+    def _relay_ended(self) -> None:
+        assert self._conn is not None
+        fired = self._watch is not None and self._watch.fired
+        if not fired and self._decoder.end():
+            self._stop(True)
+        else:
+            self._stop(_broken(self._conn, fired, self._read_timeout_s))
+
+    def _stop(self, outcome: bool | Exception) -> None:
+        if self._conn is not None:
+            self._conn.relaying = None
+        done = self._relay_done
+        if done is None or done.done():
+            return
+        if outcome is True:
+            self._ended_well()
+            done.set_result(True)
+        elif outcome is False:
+            done.set_result(False)
+        else:
+            done.set_exception(outcome)
 
 
 class _Silence:
@@ -148,11 +336,12 @@ class _Silence:
     response, moved only when it fires: a timeout per read (asyncio.timeout) cost about 5 % of the proxy's
     CPU, one per SSE event."""
 
-    def __init__(self, writer: asyncio.StreamWriter, timeout_s: float) -> None:
-        self._writer = writer
+    def __init__(self, conn: Connection, timeout_s: float) -> None:
+        self._conn = conn
         self._timeout_s = timeout_s
         self._loop = asyncio.get_running_loop()
-        self.reading: float | None = None  # when the pending read began; None between reads
+        self.now = self._loop.time
+        self.reading: float | None = None  # since when we wait for the engine; None when we do not
         self.fired = False
         self._timer = self._loop.call_later(timeout_s, self._check)
 
@@ -163,7 +352,8 @@ class _Silence:
             self._timer = self._loop.call_at(due, self._check)
             return
         self.fired = True
-        self._writer.transport.abort()
+        if self._conn.transport is not None:
+            self._conn.transport.abort()
 
     def cancel(self) -> None:
         self._timer.cancel()
@@ -198,7 +388,7 @@ class Endpoint:
             self._expiry.cancel()
             self._expiry = None
         while self._idle:
-            self._idle.pop()[1][1].close()
+            self._idle.pop()[1].close()
 
     def _expire(self) -> None:
         # Close expired connections even when no request comes to reuse one: the engine would close them
@@ -206,7 +396,7 @@ class Endpoint:
         self._expiry = None
         now = time.monotonic()
         while self._idle and now - self._idle[0][0] >= self.keepalive_s:
-            self._idle.popleft()[1][1].close()
+            self._idle.popleft()[1].close()
         if self._idle:
             wait_s = self._idle[0][0] + self.keepalive_s - now
             self._expiry = asyncio.get_running_loop().call_later(wait_s, self._expire)
@@ -215,13 +405,15 @@ class Endpoint:
         now = time.monotonic()
         while self._idle:
             since, conn = self._idle.pop()
-            if now - since < self.keepalive_s and not conn[1].is_closing() and not conn[0].at_eof():
+            if now - since < self.keepalive_s and conn.reusable():
                 return conn
-            conn[1].close()
+            conn.close()
         return None
 
     async def _connect(self) -> Connection:
-        return await asyncio.open_connection(self.host, self.port, ssl=self._ssl, limit=MAX_HEAD_BYTES)
+        loop = asyncio.get_running_loop()
+        _, conn = await loop.create_connection(Connection, self.host, self.port, ssl=self._ssl)
+        return conn
 
     def request_bytes(self, method: str, path: str, headers: Mapping[str, str], body: bytes | None) -> bytes:
         lines = [f"{method} {self.base_path}{path} HTTP/1.1", f"Host: {self.netloc}"]
@@ -248,10 +440,12 @@ class Endpoint:
                 return await self._exchange(conn, data, read_timeout_s)
             except TimeoutError:
                 raise
-            except (ConnectionError, asyncio.IncompleteReadError) as e:
-                if isinstance(e, asyncio.IncompleteReadError) and e.partial:
+            except _ClosedEarly as e:
+                if e.partial:
                     raise UpstreamError(f"{type(e).__name__}: {e}") from e
-            except TRANSPORT_ERRORS as e:
+            except ConnectionError:
+                pass
+            except (OSError, FramingError) as e:
                 raise UpstreamError(f"{type(e).__name__}: {e}") from e
         try:
             async with asyncio.timeout(read_timeout_s):
@@ -259,18 +453,15 @@ class Endpoint:
             return await self._exchange(conn, data, read_timeout_s)
         except TimeoutError:
             raise
-        except TRANSPORT_ERRORS as e:
+        except (OSError, EOFError, FramingError) as e:
             raise UpstreamError(f"{type(e).__name__}: {e}") from e
 
     async def _exchange(self, conn: Connection, data: bytes, read_timeout_s: float | None) -> Response:
-        reader, writer = conn
         try:
-            writer.write(data)
             async with asyncio.timeout(read_timeout_s):
-                if writer.transport.get_write_buffer_size() > MAX_HEAD_BYTES:
-                    await writer.drain()  # a long prompt: let the socket take it
-                head = await read_head(reader)
+                await conn.send(data)
+                head = await conn.read_head()
         except BaseException:
-            writer.close()
+            conn.close()
             raise
         return Response(self, conn, head, read_timeout_s)
