@@ -10,7 +10,6 @@ to the client and never count against the engine. Every admitted request ends in
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -274,12 +273,17 @@ class Proxy:
     ) -> tuple[dict[str, Any] | None, web.Response | None]:
         assert f.prefill_id is not None
         try:
-            async with asyncio.timeout(self.cfg.prefill_timeout_s):
-                r = await self._endpoints[f.prefill_id].request(
-                    "POST", path, self._headers(f), _json_bytes(pd.prefill_body(body))
-                )
-                async with r:
-                    payload = await r.read()
+            # The engine says nothing until the prefill is done, then answers at once: a bound on its
+            # silence is a bound on the whole exchange.
+            r = await self._endpoints[f.prefill_id].request(
+                "POST",
+                path,
+                self._headers(f),
+                _json_bytes(pd.prefill_body(body)),
+                read_timeout_s=self.cfg.prefill_timeout_s,
+            )
+            async with r:
+                payload = await r.read()
             status = r.status
         except (UpstreamError, TimeoutError) as e:
             raise EngineFailed(f.prefill_id, "prefill", f"{type(e).__name__}: {e}") from e
