@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -64,6 +66,46 @@ def test_outputs_equal_a_direct_greedy_completion(
     _, direct_chat = request(f"{cluster.decode[1].url}/v1/chat/completions", chat)
     _, via_chat = request(f"{p.url}/v1/chat/completions", chat)
     assert via_chat["choices"][0]["message"]["content"] == direct_chat["choices"][0]["message"]["content"]
+
+
+def test_a_stream_reaches_http_1_0_and_1_1_clients_framed_for_each(
+    cluster: ClusterFile, proxy_for: Callable[..., RunningProxy]
+) -> None:
+    # After the head, the relay writes to the client's socket itself, framed as aiohttp chose for the
+    # response: chunked for HTTP/1.1, the bare bytes up to the connection's close for HTTP/1.0.
+    p = proxy_for(cluster)
+    host, port = p.url.removeprefix("http://").split(":")
+    payload = json.dumps(body(stream=True)).encode()
+    answers = {}
+    for version in ("1.0", "1.1"):
+        head = (
+            f"POST /v1/completions HTTP/{version}\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
+        )
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(head.encode() + payload)
+            raw = b""
+            while chunk := sock.recv(65536):
+                raw += chunk
+        head_bytes, _, rest = raw.partition(b"\r\n\r\n")
+        chunked = b"transfer-encoding: chunked" in head_bytes.lower()
+        assert chunked == (version == "1.1"), head_bytes
+        if chunked:
+            decoded = b""
+            while rest:
+                size, _, rest = rest.partition(b"\r\n")
+                n = int(size, 16)
+                decoded, rest = decoded + rest[:n], rest[n + 2 :]
+            rest = decoded
+        answers[version] = [e for e in rest.decode().split("\n\n") if e]
+    assert answers["1.0"][-1] == answers["1.1"][-1] == "data: [DONE]"
+    texts = {
+        v: "".join(json.loads(e.removeprefix("data: "))["choices"][0]["text"] for e in events[:-1])
+        for v, events in answers.items()
+    }
+    assert texts["1.0"] == texts["1.1"] != ""
+    wait_for(lambda: len(records(p)) == 2)
+    assert all(r.status is RequestStatus.OK for r in records(p))
 
 
 def test_every_request_is_logged_once_in_the_shared_schema(
