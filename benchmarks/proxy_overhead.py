@@ -18,7 +18,8 @@ engines in one process) serves three modes in the same run:
   be installed, the run says so and measures the other two modes; no figure is made up for it.
 
 A proxy runs only while its mode is measured (started afresh for every step or round, then stopped), so
-its background work, e.g. calroute's 20 Hz /metrics polling of every engine, is charged to it alone.
+its background work is charged to it alone: e.g. calroute's 20 Hz /metrics polling of every engine, which
+it does only with a policy that reads the samples (marginal_cost, not the default round_robin here).
 Every request: a unique 128-token prompt (no prefix-cache hits), 16 output tokens with ``ignore_eos``,
 ``stream_options.include_usage`` (so every mode's decode body is the same), one SSE event per token. The
 client is asyncio + aiohttp on uvloop (as the project's load generator), open loop: Poisson arrivals on a

@@ -78,3 +78,25 @@ def test_string_parameters_are_coerced(calibration: Calibration) -> None:
     policy = make_policy("marginal_cost", {"rho": "2.5", "w_q": "0"}, calibration)
     assert policy.params.rho == 2.5  # type: ignore[attr-defined]
     assert policy.params.w_q == 0.0  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_a_policy_that_reads_no_engine_samples_ignores_them(name: str, calibration: Calibration) -> None:
+    # The proxy scrapes engines only for a policy that declares it reads their samples; a policy that
+    # says it does not must decide the same whatever the samples are (and marginal_cost must not).
+    policy = make_policy(name, {}, calibration)
+    loads = [{"in_flight": i % 3, "backlog_s": 0.05 * i, "kv_committed_tokens": 500 * i} for i in range(4)]
+
+    def sampled(kv: int) -> dict[str, int | float]:
+        return {"kv_used_tokens": kv, "running": kv // 1000, "waiting": kv // 5000, "metrics_age_s": kv / 1e5}
+
+    decisions = set()
+    for k in range(8):
+        kvs = [(k * 7919 + j * 104729) % 60_000 for j in range(4)]
+        view = make_view(
+            prefill=[{**loads[j], **sampled(kvs[j])} for j in range(3)],
+            decode=[{**loads[j], **sampled(kvs[(j + 1) % 4])} for j in range(4)],
+            seq=5,
+        )
+        decisions.add(policy.route(make_admission(), view))
+    assert (len(decisions) > 1) == policy.reads_engine_samples, decisions

@@ -224,6 +224,37 @@ def test_admin_endpoints_need_the_token(cluster: ClusterFile, proxy_for: Callabl
     assert admin("/state")[1]["policy"] == "round_robin"
 
 
+def test_engines_are_scraped_only_while_something_reads_the_samples(
+    cluster: ClusterFile, proxy_for: Callable[..., RunningProxy]
+) -> None:
+    import json
+    import urllib.request
+
+    def samples(p: RunningProxy) -> dict[str, float | None]:
+        return dict(p.proxy.signals.last_sample_s)
+
+    def switch(p: RunningProxy, policy: str) -> None:
+        req = urllib.request.Request(
+            f"{p.url}/admin/policy",
+            data=json.dumps({"policy": policy}).encode(),
+            headers={"Authorization": "Bearer t"},
+        )
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert r.status == 200
+
+    p = proxy_for(cluster, policy="round_robin", admin_token="t")
+    time.sleep(0.5)  # ten poll intervals
+    assert set(samples(p).values()) == {None}
+    switch(p, "marginal_cost")  # reads kv_used_tokens: the polls start
+    wait_for(lambda: None not in samples(p).values())
+    switch(p, "least_loaded")  # reads none: the polls stop (a cancelled poll records nothing)
+    before = samples(p)
+    time.sleep(0.3)
+    assert samples(p) == before
+    online = proxy_for(cluster, policy="round_robin", online_calibration=True)  # fits on sampled batches
+    wait_for(lambda: None not in samples(online).values())
+
+
 def test_proxy_metrics_and_health(cluster: ClusterFile, proxy_for: Callable[..., RunningProxy]) -> None:
     p = proxy_for(cluster)
     request(f"{p.url}/v1/completions", body(max_tokens=3))

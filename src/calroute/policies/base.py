@@ -21,6 +21,10 @@ _MASK64: Final = (1 << 64) - 1
 
 class RoutingPolicy(Protocol):
     name: ClassVar[str]
+    # Whether route() reads the engines' sampled metrics (kv_used_tokens, running, waiting,
+    # metrics_age_s). The proxy scrapes every engine's /metrics only for a policy that does: a scrape
+    # loads the engine (a real vLLM on shared CPU cores stalls under them, docs/proxy.md) and the proxy.
+    reads_engine_samples: ClassVar[bool]
 
     def route(self, adm: Admission, view: ClusterView) -> RouteDecision: ...
 

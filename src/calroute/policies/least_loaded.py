@@ -18,6 +18,7 @@ class LeastLoaded:
     """Fewest in-flight requests (from the ledger); ties rotate with ``seq``."""
 
     name: ClassVar[str] = "least_loaded"
+    reads_engine_samples: ClassVar[bool] = False
 
     def __init__(self, params: Params) -> None:
         self.params = params

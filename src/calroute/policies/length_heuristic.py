@@ -25,6 +25,7 @@ class Params:
 
 class LengthHeuristic:
     name: ClassVar[str] = "length_heuristic"
+    reads_engine_samples: ClassVar[bool] = False
 
     def __init__(self, params: Params) -> None:
         self.params = params

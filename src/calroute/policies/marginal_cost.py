@@ -90,6 +90,7 @@ class Params:
 
 class MarginalCost:
     name: ClassVar[str] = "marginal_cost"
+    reads_engine_samples: ClassVar[bool] = True
 
     def __init__(self, params: Params, calibration: Calibration) -> None:
         self.params = params

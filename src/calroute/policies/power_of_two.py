@@ -29,6 +29,7 @@ def two_choices(pool: list[InstanceState], seed: int, seq: int, stream: int) -> 
 
 class PowerOfTwo:
     name: ClassVar[str] = "power_of_two"
+    reads_engine_samples: ClassVar[bool] = False
 
     def __init__(self, params: Params) -> None:
         self.params = params

@@ -16,6 +16,7 @@ class Params:
 
 class RandomPick:
     name: ClassVar[str] = "random"
+    reads_engine_samples: ClassVar[bool] = False
 
     def __init__(self, params: Params) -> None:
         self.params = params

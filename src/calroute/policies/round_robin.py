@@ -18,6 +18,7 @@ class RoundRobin:
     """Decision ``seq`` goes to healthy member ``seq mod n`` of each pool."""
 
     name: ClassVar[str] = "round_robin"
+    reads_engine_samples: ClassVar[bool] = False
 
     def __init__(self, params: Params) -> None:
         self.params = params

@@ -93,6 +93,7 @@ class Proxy:
             cfg.poll_interval_s,
             cfg.health_interval_s,
             self._engine_headers,
+            poll_metrics=self._reads_samples(),
         )
         self.metrics = ProxyMetrics(self._live, self._prices)
         self.prompt_length = PromptLength()
@@ -111,6 +112,12 @@ class Proxy:
         self.router.policy = make_policy(name, params, self.router.constants or self.cfg.calibration)
         self.policy_name = name
         self.policy_params = dict(params)
+        self.signals.set_polling(self._reads_samples())
+
+    def _reads_samples(self) -> bool:
+        """Whether anything reads the engines' metrics samples: the policy, or online recalibration (it
+        fits decode steps against the sampled batch)."""
+        return self.router.policy.reads_engine_samples or self.cfg.online_calibration
 
     def _prices(self) -> tuple[float, float]:
         cal = self.router.constants or self.cfg.calibration

@@ -70,8 +70,10 @@ class Signals:
         poll_interval_s: float = 0.05,
         health_interval_s: float = 1.0,
         headers: dict[str, str] | None = None,
+        poll_metrics: bool = True,
     ) -> None:
         self.engines = engines
+        self.poll_metrics = poll_metrics  # scrape /metrics (only what reads the samples needs it)
         self.ledger = ledger
         self._now = now
         self.poll_interval_s = poll_interval_s
@@ -81,7 +83,8 @@ class Signals:
         self.last_sample_s: dict[str, float | None] = {e.id: None for e in engines}
         self.metrics_failures = {e.id: 0 for e in engines}
         self._probe_failures = {e.id: 0 for e in engines}
-        self._tasks: list[asyncio.Task[None]] = []
+        self._health_task: asyncio.Task[None] | None = None
+        self._polls: list[asyncio.Task[None]] = []
         # one kept-alive connection per engine for /metrics and one for /health: a bounded, steady number
         # of sockets however long the proxy runs
         self._metrics = {
@@ -92,14 +95,29 @@ class Signals:
         }
 
     def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._poll(e)) for e in self.engines]
-        self._tasks.append(loop.create_task(self._health_loop()))
+        self._health_task = asyncio.get_running_loop().create_task(self._health_loop())
+        self.set_polling(self.poll_metrics)
+
+    def set_polling(self, on: bool) -> None:
+        """Scrape every engine's /metrics from now on, or stop. The samples taken so far stay in the
+        ledger, with their age."""
+        self.poll_metrics = on
+        if self._health_task is None:  # not started: start() applies it
+            return
+        if on and not self._polls:
+            loop = asyncio.get_running_loop()
+            self._polls = [loop.create_task(self._poll(e)) for e in self.engines]
+        elif not on:
+            for t in self._polls:
+                t.cancel()
+            self._polls = []
 
     async def stop(self) -> None:
-        for t in self._tasks:
+        tasks = [*self._polls, *([self._health_task] if self._health_task is not None else [])]
+        for t in tasks:
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._polls, self._health_task = [], None
         for scraper in (*self._metrics.values(), *self._health.values()):
             scraper.close()
 
