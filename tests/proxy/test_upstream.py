@@ -127,40 +127,49 @@ def test_a_stream_is_handed_on_as_it_arrives() -> None:
     run(go())
 
 
-def test_silence_is_a_timeout_and_a_break_is_an_upstream_error() -> None:
-    async def silent_after_one(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
-        sse_head(w)
-        sse_chunk(w, 0)
-        await w.drain()
-        await asyncio.sleep(5)
-        return False
+async def silent_after_one(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
+    sse_head(w)
+    sse_chunk(w, 0)
+    await w.drain()
+    await asyncio.sleep(5)
+    return False
 
-    async def breaks_after_one(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
-        sse_head(w)
-        sse_chunk(w, 0)
-        w.write(b"5\r\nda")  # half a chunk, then the connection goes
-        return False
 
-    async def silent_until_close(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
-        w.write(b'HTTP/1.0 200 OK\r\n\r\ndata: {"n": 0}\n\n')
-        await w.drain()
-        await asyncio.sleep(5)
-        return False
+async def breaks_after_one(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
+    sse_head(w)
+    sse_chunk(w, 0)
+    await w.drain()
+    await asyncio.sleep(0.05)
+    w.write(b"5\r\nda")  # half a chunk, then the connection goes
+    return False
 
+
+async def silent_until_close(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
+    w.write(b'HTTP/1.0 200 OK\r\n\r\ndata: {"n": 0}\n\n')
+    await w.drain()
+    await asyncio.sleep(5)
+    return False
+
+
+@pytest.mark.parametrize("read", ["parts", "relay"])
+@pytest.mark.parametrize(
+    ("handler", "error"),
+    [(silent_after_one, TimeoutError), (silent_until_close, TimeoutError), (breaks_after_one, UpstreamError)],
+)
+def test_silence_is_a_timeout_and_a_break_is_an_upstream_error(
+    handler: Handler, error: type[Exception], read: str
+) -> None:
     async def go() -> None:
-        cases = (
-            (silent_after_one, TimeoutError),
-            (silent_until_close, TimeoutError),
-            (breaks_after_one, UpstreamError),
-        )
-        for handler, error in cases:
-            async with Engine(handler) as ep:
-                async with await ep.request("POST", "/v1/completions", {}, b"{}", read_timeout_s=0.3) as resp:
-                    parts = resp.parts()
-                    assert await parts.__anext__() == b'data: {"n": 0}\n\n'
-                    with pytest.raises(error):  # after what came (a cut chunk's first bytes, too)
-                        async for _ in parts:
-                            pass
+        async with Engine(handler) as ep:
+            got: list[bytes] = []
+            async with await ep.request("POST", "/v1/completions", {}, b"{}", read_timeout_s=0.3) as resp:
+                with pytest.raises(error):  # after what came (a cut chunk's first bytes, too)
+                    if read == "relay":
+                        await resp.relay(collect(got))
+                    else:
+                        async for part in resp.parts():
+                            got.append(part)
+            assert b"".join(got).startswith(b'data: {"n": 0}\n\n')
 
     run(go())
 
@@ -268,18 +277,19 @@ def test_an_engine_that_is_down_is_an_upstream_error() -> None:
     run(go())
 
 
-def test_a_relay_hands_on_each_piece_from_the_callback_and_keeps_the_connection() -> None:
-    async def stream(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
-        sse_head(w)
-        for i in range(3):
-            sse_chunk(w, i)
-            await w.drain()
-            await asyncio.sleep(0.01)
-        w.write(b"0\r\n\r\n")
-        return True
+async def three_events_apart(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
+    sse_head(w)
+    for i in range(3):
+        sse_chunk(w, i)
+        await w.drain()
+        await asyncio.sleep(0.01)
+    w.write(b"0\r\n\r\n")
+    return True
 
+
+def test_a_relay_hands_on_each_piece_from_the_callback_and_keeps_the_connection() -> None:
     async def go() -> None:
-        engine = Engine(stream)
+        engine = Engine(three_events_apart)
         async with engine as ep:
             for _ in range(2):
                 got: list[bytes] = []
@@ -295,49 +305,12 @@ def test_a_relay_hands_on_each_piece_from_the_callback_and_keeps_the_connection(
 
 
 def test_a_relay_stopped_early_drops_its_connection() -> None:
-    async def stream(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
-        sse_head(w)
-        for i in range(3):
-            sse_chunk(w, i)
-            await w.drain()
-            await asyncio.sleep(0.01)
-        w.write(b"0\r\n\r\n")
-        return True
-
     async def go() -> None:
-        engine = Engine(stream)
+        engine = Engine(three_events_apart)
         async with engine as ep:
             for _ in range(2):
                 async with await ep.request("POST", "/v1/completions", {}, b"{}") as resp:
                     assert await resp.relay(lambda part: False) is False
         assert engine.connections == 2
-
-    run(go())
-
-
-def test_a_relay_reports_silence_and_breaks_like_a_read() -> None:
-    async def silent_after_one(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
-        sse_head(w)
-        sse_chunk(w, 0)
-        await w.drain()
-        await asyncio.sleep(5)
-        return False
-
-    async def breaks_after_one(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
-        sse_head(w)
-        sse_chunk(w, 0)
-        await w.drain()
-        await asyncio.sleep(0.05)
-        w.write(b"5\r\nda")
-        return False
-
-    async def go() -> None:
-        for handler, error in ((silent_after_one, TimeoutError), (breaks_after_one, UpstreamError)):
-            async with Engine(handler) as ep:
-                got: list[bytes] = []
-                async with await ep.request("POST", "/v1/completions", {}, b"{}", read_timeout_s=0.3) as resp:
-                    with pytest.raises(error):
-                        await resp.relay(collect(got))
-                assert b"".join(got).startswith(b'data: {"n": 0}\n\n')
 
     run(go())
