@@ -28,7 +28,7 @@ runs from the scheduled send to the first content chunk (time.perf_counter), so 
 too (its p99 is reported as "lag99"). Every response is checked (HTTP 200, exactly 16 completion tokens,
 no error event), and the emulator's and vllm-router's logs are checked for failed KV handoffs.
 
-1. Unloaded: ``--unloaded`` (100) sequential requests per mode, in ``--rounds`` rounds with the mode order
+1. Unloaded: ``--unloaded`` (200) sequential requests per mode, in ``--rounds`` rounds with the mode order
    rotated; 10x the p50 TTFT of ``direct`` is the TTFT bound of the ramp.
 2. Sustainable rate, per mode: offered rate from 10 req/s, x1.5 per step, each step ``--duration-s``
    (10 s) of Poisson arrivals; after the first failure, x1.5^(1/3) steps from the last sustained rate
@@ -38,13 +38,16 @@ no error event), and the emulator's and vllm-router's logs are checked for faile
    at least 95 % of the offered rate (requests scheduled / duration), and p99 TTFT is under the bound. A
    failing step is run once more before it counts.
 3. Added TTFT at half of ``direct``'s sustainable rate, the same rate for every mode: ``--requests``
-   (2,000) per mode in ``--rounds`` (4) rounds, mode order rotated, each round after 2 s of discarded
-   warm-up at the rate. Added p50/p99 = mode - direct with a 95 % bootstrap interval; the ratio is mode /
-   direct. When a proxy's own sustainable rate differs from ``direct``'s, this is repeated at half of the
-   proxy's own rate, with ``direct`` beside it. A latency target counts as met only when its whole 95 %
-   interval is under the limit, missed when all of it is over, and "not resolved" otherwise. The
-   interval treats requests as independent; rounds differ by more than it suggests (the engines' batching
-   state carries over between requests), so each round's p50 and p99 are reported too.
+   (8,000) per mode in ``--rounds`` (8) rounds, mode order rotated, each round after 2 s of discarded
+   warm-up at the rate. Within a round every mode gets the same arrival schedule (common random numbers),
+   so the i-th request of a mode and of ``direct`` arrive at the same offset and make a pair. Added p50/p99
+   = mode - direct, with a 95 % bootstrap interval that resamples pairs (the interval with the pairing
+   ignored is kept in the JSON as ``*_unpaired_ms``); the ratio is mode / direct. When a proxy's own
+   sustainable rate differs from ``direct``'s, this is repeated at half of the proxy's own rate, with
+   ``direct`` beside it. A latency target counts as met only when its whole 95 % interval is under the
+   limit, missed when all of it is over, and "not resolved" otherwise. The interval treats pairs as
+   independent; rounds differ by more than it suggests (the machine's state drifts between rounds), so
+   each round's p50, p99 and added p50 are reported too.
 
 Other jobs share this VM and come in bursts. A failed ramp step during which they used more than 0.25 cores,
 or a fixed-rate round during which they did or the client's send lag p99 passed 20 ms, is set aside
@@ -310,6 +313,32 @@ def bootstrap_diff(a: list[float], b: list[float], q: float, rng: np.random.Gene
     db = np.percentile(xb[rng.integers(0, len(xb), (reps, len(xb)))], q, axis=1)
     lo, hi = np.percentile(da - db, [2.5, 97.5])
     return float(lo), float(hi)
+
+
+def bootstrap_paired_diff(
+    a: list[float], b: list[float], q: float, rng: np.random.Generator
+) -> tuple[float, float]:
+    """95 % bootstrap interval of percentile q of ``a`` minus that of ``b``, where ``a[i]`` and ``b[i]`` are
+    one pair (the same scheduled arrival in both modes): pairs are resampled whole, so what the arrival
+    pattern does to both (a burst queues both modes' requests alike) does not widen the interval."""
+    xa, xb = np.asarray(a), np.asarray(b)
+    idx = rng.integers(0, len(xa), (2000, len(xa)))
+    d = np.percentile(xa[idx], q, axis=1) - np.percentile(xb[idx], q, axis=1)
+    lo, hi = np.percentile(d, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def paired_ttfts(
+    rounds_a: list[list[Outcome]], rounds_b: list[list[Outcome]]
+) -> tuple[list[float], list[float]]:
+    """TTFTs of the arrivals both modes served without error, aligned pair by pair, round by round."""
+    a, b = [], []
+    for ra, rb in zip(rounds_a, rounds_b, strict=True):
+        for oa, ob in zip(ra, rb, strict=True):
+            if oa.error is None and ob.error is None:
+                a.append(oa.ttft_s)
+                b.append(ob.ttft_s)
+    return a, b
 
 
 # ---- CPU accounting -----------------------------------------------------------------------------------
@@ -671,22 +700,27 @@ def _cores(cpu: dict[str, float]) -> str:
 def fixed_rate(
     bench: Bench, modes: list[str], rate: float, requests: int, rounds: int, seed: int
 ) -> dict[str, Any]:
-    """TTFT of each mode at one rate, interleaved in rounds; added p50/p99 against ``direct``."""
+    """TTFT of each mode at one rate, interleaved in rounds; added p50/p99 against ``direct``.
+
+    Every mode gets the same arrival schedule in a round (common random numbers), so request i of a
+    mode and request i of ``direct`` make a pair; the added-TTFT interval resamples those pairs."""
     rng = random.Random(seed)
     per_round = max(1, requests // rounds)
-    outs: dict[str, list[Outcome]] = {m: [] for m in modes}
+    schedules = [(poisson(rate, WARMUP_S, rng), poisson_n(rate, per_round, rng)) for _ in range(rounds)]
+    outs: dict[str, list[list[Outcome]]] = {m: [] for m in modes}
     warnings: dict[str, int] = {m: 0 for m in modes}
     cpu: dict[str, dict[str, float]] = {m: {} for m in modes}
     set_aside: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     round_stats: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
 
-    async def one(mode: str) -> tuple[list[Outcome], dict[str, float]]:
+    async def one(mode: str, k: int) -> tuple[list[Outcome], dict[str, float]]:
+        warmup, arrivals = schedules[k]
         with bench.serving(mode) as target:
             meter = bench.meter(target)
             async with new_session() as s:
-                await run_schedule(s, target, poisson(rate, WARMUP_S, rng), bench.salts)
+                await run_schedule(s, target, warmup, bench.salts)
                 meter.start()
-                got, _ = await run_schedule(s, target, poisson_n(rate, per_round, rng), bench.salts)
+                got, _ = await run_schedule(s, target, arrivals, bench.salts)
                 used = meter.stop()
         await asyncio.sleep(0.5)
         return got, used
@@ -695,7 +729,7 @@ def fixed_rate(
         for mode in rotated(modes, k):
             for attempt in range(MAX_REDO + 1):
                 before = bench.handoff_warnings()
-                got, used = aio.run(one(mode))
+                got, used = aio.run(one(mode, k))
                 warnings[mode] += bench.handoff_warnings() - before
                 others = cpu_summary(used, len(got))["others_cores"]
                 lag = pct([o.sent_s - o.scheduled_s for o in got], 99)
@@ -717,7 +751,7 @@ def fixed_rate(
                     )
                     continue
                 print(line, file=sys.stderr, flush=True)
-                outs[mode] += got
+                outs[mode].append(got)
                 round_stats[mode].append(
                     {
                         "round": k + 1,
@@ -731,28 +765,38 @@ def fixed_rate(
                     cpu[mode][key] = cpu[mode].get(key, 0.0) + v
                 break
     brng = np.random.default_rng(seed)
-    base = ok_ttfts(outs["direct"])
     res: dict[str, Any] = {"rate": rate, "modes": {}}
     for mode in modes:
-        t = ok_ttfts(outs[mode])
+        every = [o for got in outs[mode] for o in got]
+        t = ok_ttfts(every)
         row: dict[str, Any] = {
-            "requests": len(outs[mode]),
-            "errors": len(errors_of(outs[mode])),
-            "first_errors": errors_of(outs[mode])[:3],
+            "requests": len(every),
+            "errors": len(errors_of(every)),
+            "first_errors": errors_of(every)[:3],
             "handoff_warnings": warnings[mode],
             "ttft_p50_ms": pct(t, 50) * 1e3,
             "ttft_p99_ms": pct(t, 99) * 1e3,
-            "send_lag_p99_ms": pct([o.sent_s - o.scheduled_s for o in outs[mode]], 99) * 1e3,
-            "cpu": cpu_summary(cpu[mode], len(outs[mode])),
+            "send_lag_p99_ms": pct([o.sent_s - o.scheduled_s for o in every], 99) * 1e3,
+            "cpu": cpu_summary(cpu[mode], len(every)),
             "disturbed_rounds_set_aside": set_aside[mode],
             "rounds": round_stats[mode],
         }
-        if mode != "direct" and t and base:
+        a, b = paired_ttfts(outs[mode], outs["direct"])
+        if mode != "direct":
+            for stats, mine, base in zip(row["rounds"], outs[mode], outs["direct"], strict=True):
+                ra, rb = paired_ttfts([mine], [base])
+                stats["added_p50_ms"] = (pct(ra, 50) - pct(rb, 50)) * 1e3
+        if mode != "direct" and a:
+            row["pairs"] = len(a)
+            row["pair_correlation"] = float(np.corrcoef(a, b)[0, 1])
             for q in (50, 99):
-                row[f"added_p{q}_ms"] = (pct(t, q) - pct(base, q)) * 1e3
-                lo, hi = bootstrap_diff(t, base, q, brng)
+                row[f"added_p{q}_ms"] = (pct(a, q) - pct(b, q)) * 1e3
+                lo, hi = bootstrap_paired_diff(a, b, q, brng)
                 row[f"added_p{q}_ci95_ms"] = [lo * 1e3, hi * 1e3]
-                row[f"ratio_p{q}"] = pct(t, q) / pct(base, q)
+                # what the interval would be with the pairing ignored, for comparison with earlier runs
+                lo, hi = bootstrap_diff(a, b, q, brng)
+                row[f"added_p{q}_ci95_unpaired_ms"] = [lo * 1e3, hi * 1e3]
+                row[f"ratio_p{q}"] = pct(a, q) / pct(b, q)
         res["modes"][mode] = row
     return res
 
@@ -930,6 +974,9 @@ def print_table(result: dict[str, Any]) -> None:
             aside = len(r.get("disturbed_rounds_set_aside", []))
             p50s = [x["ttft_p50_ms"] for x in r.get("rounds", [])]
             spread = f"; round p50s {min(p50s):.1f} .. {max(p50s):.1f}" if p50s else ""
+            added = [x["added_p50_ms"] for x in r.get("rounds", []) if "added_p50_ms" in x]
+            if added:
+                spread += f", round added p50s {min(added):+.2f} .. {max(added):+.2f}"
             print(
                 line
                 + f" {r['send_lag_p99_ms']:6.1f}  {cpu}, {c['others_cores']:.2f}; set aside {aside}{spread}"
@@ -952,9 +999,9 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, default=1)
     ap.add_argument("--decode", type=int, default=1)
     ap.add_argument("--duration-s", type=float, default=10.0, help="length of each ramp step")
-    ap.add_argument("--requests", type=int, default=2000, help="measured requests per mode at the fixed rate")
-    ap.add_argument("--unloaded", type=int, default=100, help="sequential requests per mode, unloaded")
-    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--requests", type=int, default=8000, help="measured requests per mode at the fixed rate")
+    ap.add_argument("--unloaded", type=int, default=200, help="sequential requests per mode, unloaded")
+    ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument(
         "--calroute-policy",
         default="round_robin",
