@@ -15,7 +15,6 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable
-from dataclasses import dataclass, field
 from typing import IO, Any
 
 from aiohttp import web
@@ -26,9 +25,10 @@ from calroute.decisions import DecisionLog
 from calroute.errors import NoCandidateError
 from calroute.ledger import Ledger
 from calroute.policies import make_policy
-from calroute.proxy import admin, pd
+from calroute.proxy import admin, pd, surface
 from calroute.proxy.config import ENGINE_KEEPALIVE_S, SLOW_STEPS_PER_TOKEN, ProxyConfig
 from calroute.proxy.errors import ClientGone, EngineFailed, json_error
+from calroute.proxy.flight import Flight, json_bytes, validate
 from calroute.proxy.metrics import ProxyMetrics
 from calroute.proxy.oracle import ORACLE_HEADER, oracle_tokens
 from calroute.proxy.prompt_length import PromptLength
@@ -36,34 +36,11 @@ from calroute.proxy.relay import StreamRelay
 from calroute.proxy.signals import Signals
 from calroute.proxy.slo import slo_class
 from calroute.proxy.upstream import Endpoint, Response, UpstreamError
-from calroute.records import RecordWriter, RequestRecord
+from calroute.records import RecordWriter
 from calroute.router import Router
-from calroute.types import RequestStatus, SloClass
+from calroute.types import RequestStatus
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class _Flight:
-    """One client request's journey, across attempts."""
-
-    request_id: str
-    arrival_s: float
-    slo: SloClass
-    prompt_tokens: int
-    prompt_chars: int | None
-    target_tokens: int
-    predicted: int = 0
-    prefill_id: str | None = None
-    decode_id: str | None = None
-    admitted: bool = False  # in the ledger now
-    prefill_done_s: float | None = None
-    first_token_s: float | None = None
-    last_token_s: float | None = None
-    output_tokens: int = 0
-    recorded: bool = False
-    forwarded: dict[str, str] = field(default_factory=dict)  # client headers on the allow-list
-    oracle_tokens: int | None = None  # the true output length (ORACLE_HEADER): oracle studies only
 
 
 class Proxy:
@@ -186,9 +163,9 @@ class Proxy:
             )
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             return json_error(400, f"the request body is not valid JSON: {e}")
-        problem = self._validate(body, path)
-        if problem is not None:
-            return problem
+        invalid = validate(body, path, self.cfg.cluster.max_model_len)
+        if invalid is not None:
+            return json_error(400, invalid.message, param=invalid.param)
         try:
             slo = slo_class(request.headers, self.cfg.calibration.slo, self.cfg.default_slo)
         except ValueError as e:
@@ -204,7 +181,7 @@ class Proxy:
                 )
         tokens, chars = self.prompt_length.estimate(body)
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        flight = _Flight(
+        flight = Flight(
             uuid.uuid4().hex,
             arrival,
             slo,
@@ -220,28 +197,8 @@ class Proxy:
             if not flight.recorded:  # the client went away (handler cancelled) or something unexpected
                 self._finish(flight, RequestStatus.CANCELLED, "client disconnected")
 
-    def _validate(self, body: Any, path: str) -> web.Response | None:
-        if not isinstance(body, dict):
-            return json_error(400, "the request body must be a JSON object")
-        key = "messages" if path.endswith("chat/completions") else "prompt"
-        if key not in body:
-            return json_error(400, f"{key} is required", param=key)
-        for name in ("max_tokens", "max_completion_tokens"):
-            value = body.get(name)
-            if value is None:
-                continue
-            if not isinstance(value, int) or isinstance(value, bool):
-                return json_error(400, f"{name} must be an integer", param=name)
-            if value < 1 or value > self.cfg.cluster.max_model_len:
-                return json_error(
-                    400, f"{name} must be in [1, {self.cfg.cluster.max_model_len}], got {value}", param=name
-                )
-        if not isinstance(body.get("stream", False), bool):
-            return json_error(400, "stream must be a boolean", param="stream")
-        return None
-
     async def _serve(
-        self, request: web.Request, body: dict[str, Any], path: str, f: _Flight
+        self, request: web.Request, body: dict[str, Any], path: str, f: Flight
     ) -> web.StreamResponse:
         last_error = "no attempt made"
         for _ in range(self.cfg.max_attempts):
@@ -272,11 +229,11 @@ class Proxy:
         self._finish(f, RequestStatus.FAILED, last_error)
         return json_error(502, f"every attempt failed; last: {last_error}", "BadGateway")
 
-    def _headers(self, f: _Flight) -> dict[str, str]:
+    def _headers(self, f: Flight) -> dict[str, str]:
         return {**f.forwarded, **self._engine_headers, "X-Request-Id": f.request_id}
 
     async def _prefill(
-        self, body: dict[str, Any], path: str, f: _Flight
+        self, body: dict[str, Any], path: str, f: Flight
     ) -> tuple[dict[str, Any] | None, web.Response | None]:
         assert f.prefill_id is not None
         try:
@@ -286,7 +243,7 @@ class Proxy:
                 "POST",
                 path,
                 self._headers(f),
-                _json_bytes(pd.prefill_body(body)),
+                json_bytes(pd.prefill_body(body)),
                 read_timeout_s=self.cfg.prefill_timeout_s,
             )
             async with r:
@@ -310,13 +267,13 @@ class Proxy:
         kv = out.get("kv_transfer_params")
         return (kv if isinstance(kv, dict) and kv else None), None
 
-    def _clientjson_error(self, f: _Flight, status: int, payload: bytes) -> web.Response:
+    def _clientjson_error(self, f: Flight, status: int, payload: bytes) -> web.Response:
         """An engine refused the request as malformed: the client's problem, not the engine's."""
         self._finish(f, RequestStatus.REJECTED, f"HTTP {status}: {payload[:200].decode(errors='replace')}")
         return web.Response(body=payload, status=status, content_type="application/json")
 
     async def _decode(
-        self, request: web.Request, body: dict[str, Any], path: str, f: _Flight, kv: dict[str, Any] | None
+        self, request: web.Request, body: dict[str, Any], path: str, f: Flight, kv: dict[str, Any] | None
     ) -> web.StreamResponse:
         assert f.decode_id is not None
         try:
@@ -324,7 +281,7 @@ class Proxy:
                 "POST",
                 path,
                 self._headers(f),
-                _json_bytes(pd.decode_body(body, kv)),
+                json_bytes(pd.decode_body(body, kv)),
                 read_timeout_s=self._silence_bound_s(body, f),
             )
             async with r:
@@ -338,7 +295,7 @@ class Proxy:
         except (UpstreamError, TimeoutError) as e:
             raise EngineFailed(f.decode_id, "decode", f"{type(e).__name__}: {e}") from e
 
-    def _silence_bound_s(self, body: dict[str, Any], f: _Flight) -> float:
+    def _silence_bound_s(self, body: dict[str, Any], f: Flight) -> float:
         """How long the decode engine may stay silent before it counts as stalled. A stream sends a token
         every step; a JSON answer says nothing until the last one, so its bound grows with the tokens asked
         for, priced at SLOW_STEPS_PER_TOKEN calibrated decode steps each (a full batch, a long context)."""
@@ -348,7 +305,7 @@ class Proxy:
         tokens = limit if isinstance(limit, int) else self.cfg.cluster.max_model_len - f.prompt_tokens
         return self.cfg.stall_timeout_s + tokens * SLOW_STEPS_PER_TOKEN * self.cfg.calibration.tau_dec_s
 
-    async def _relay_json(self, r: Response, f: _Flight) -> web.Response:
+    async def _relay_json(self, r: Response, f: Flight) -> web.Response:
         payload = await r.read()
         now = self.now()
         try:
@@ -362,7 +319,7 @@ class Proxy:
         return web.Response(body=payload, status=r.status, content_type="application/json")
 
     async def _relay_stream(
-        self, request: web.Request, r: Response, f: _Flight, client_wants_usage: bool
+        self, request: web.Request, r: Response, f: Flight, client_wants_usage: bool
     ) -> web.StreamResponse:
         """Relay the decode engine's SSE stream (relay.py). The first piece is awaited here: until it
         comes, a failure is the engine's and the caller retries elsewhere. The rest goes from the engine
@@ -414,11 +371,11 @@ class Proxy:
             pass  # the client left after the last byte was written: the record stands
         return resp
 
-    def _client_gone(self, f: _Flight) -> ClientGone:
+    def _client_gone(self, f: Flight) -> ClientGone:
         self._finish(f, RequestStatus.CANCELLED, "client disconnected")
         return ClientGone()
 
-    async def _to_client(self, f: _Flight, write: Awaitable[Any]) -> None:
+    async def _to_client(self, f: Flight, write: Awaitable[Any]) -> None:
         try:
             await write
         except ConnectionError as e:  # aiohttp's ClientConnectionResetError is one too
@@ -426,7 +383,7 @@ class Proxy:
 
     # ---- bookkeeping --------------------------------------------------------------------------------
 
-    def _finish(self, f: _Flight, status: RequestStatus, error: str | None) -> None:
+    def _finish(self, f: Flight, status: RequestStatus, error: str | None) -> None:
         if f.recorded:
             return
         f.recorded = True
@@ -437,23 +394,7 @@ class Proxy:
                 self.router.first_token(f.request_id, now)
             self.router.done(f.request_id, f.prompt_tokens, f.output_tokens, now, ok, f.first_token_s)
             f.admitted = False
-        rec = RequestRecord(
-            f.request_id,
-            f.slo,
-            f.prompt_tokens,
-            f.target_tokens,
-            f.predicted,
-            f.output_tokens,
-            self.policy_name,
-            f.prefill_id,
-            f.decode_id,
-            f.arrival_s,
-            f.prefill_done_s,
-            f.first_token_s,
-            f.last_token_s,
-            status,
-            error,
-        )
+        rec = f.record(self.policy_name, status, error)
         if self._writer is not None:
             self._writer.write(rec)
         self.metrics.requests.labels(
@@ -467,29 +408,11 @@ class Proxy:
     # ---- the rest of the surface --------------------------------------------------------------------
 
     async def _models(self, request: web.Request) -> web.Response:
-        c = self.cfg.cluster
-        model = {
-            "id": c.model,
-            "object": "model",
-            "owned_by": "vllm",
-            "root": c.model,
-            "max_model_len": c.max_model_len,
-        }
-        return web.json_response({"object": "list", "data": [model]})
+        return web.json_response(surface.models(self.cfg.cluster))
 
     async def _health(self, request: web.Request) -> web.Response:
-        healthy = self.signals.healthy
-        pre = sum(healthy[e.id] for e in self.cfg.cluster.prefill)
-        dec = sum(healthy[e.id] for e in self.cfg.cluster.decode)
-        status = 200 if pre and dec else 503
-        return web.json_response(
-            {
-                "status": "ok" if status == 200 else "unavailable",
-                "prefill_instances": pre,
-                "decode_instances": dec,
-            },
-            status=status,
-        )
+        body, status = surface.health(self.cfg.cluster, self.signals.healthy)
+        return web.json_response(body, status=status)
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.exposition(), content_type="text/plain", charset="utf-8")
@@ -499,7 +422,3 @@ class Proxy:
 
     async def _set_policy(self, request: web.Request) -> web.Response:
         return admin.authorized(self.cfg.admin_token, request) or await admin.set_policy(self, request)
-
-
-def _json_bytes(body: dict[str, Any]) -> bytes:
-    return json.dumps(body, separators=(",", ":")).encode()

@@ -1,0 +1,86 @@
+"""One client request through the proxy: what the client may send (``validate``), and the request's
+journey across attempts (``Flight``), which becomes its one record in the shared schema."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from calroute.records import RequestRecord
+from calroute.types import RequestStatus, SloClass
+
+
+@dataclass
+class Flight:
+    """One client request's journey, across attempts."""
+
+    request_id: str
+    arrival_s: float
+    slo: SloClass
+    prompt_tokens: int
+    prompt_chars: int | None
+    target_tokens: int
+    predicted: int = 0
+    prefill_id: str | None = None
+    decode_id: str | None = None
+    admitted: bool = False  # in the ledger now
+    prefill_done_s: float | None = None
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    output_tokens: int = 0
+    recorded: bool = False
+    forwarded: dict[str, str] = field(default_factory=dict)  # client headers on the allow-list
+    oracle_tokens: int | None = None  # the true output length (ORACLE_HEADER): oracle studies only
+
+    def record(self, policy: str, status: RequestStatus, error: str | None) -> RequestRecord:
+        return RequestRecord(
+            self.request_id,
+            self.slo,
+            self.prompt_tokens,
+            self.target_tokens,
+            self.predicted,
+            self.output_tokens,
+            policy,
+            self.prefill_id,
+            self.decode_id,
+            self.arrival_s,
+            self.prefill_done_s,
+            self.first_token_s,
+            self.last_token_s,
+            status,
+            error,
+        )
+
+
+@dataclass(frozen=True)
+class Invalid:
+    """Why a request body cannot be served: a 400 naming the field (``param``) when there is one."""
+
+    message: str
+    param: str | None = None
+
+
+def validate(body: Any, path: str, max_model_len: int) -> Invalid | None:
+    """None when the proxy can route the body; what is wrong with it otherwise. Only what the proxy
+    itself reads is checked here: the engine judges the rest, and its 4xx goes back to the client."""
+    if not isinstance(body, dict):
+        return Invalid("the request body must be a JSON object")
+    key = "messages" if path.endswith("chat/completions") else "prompt"
+    if key not in body:
+        return Invalid(f"{key} is required", key)
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool):
+            return Invalid(f"{name} must be an integer", name)
+        if value < 1 or value > max_model_len:
+            return Invalid(f"{name} must be in [1, {max_model_len}], got {value}", name)
+    if not isinstance(body.get("stream", False), bool):
+        return Invalid("stream must be a boolean", "stream")
+    return None
+
+
+def json_bytes(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
