@@ -202,6 +202,10 @@ def test_error_rate_stall_metrics_down_and_slowdown() -> None:
         await s.post(f"{d.url}/_calroute/faults", json={"error_rate": 0.0, "stall": True})
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(s.post(url, json=body(10, 2)), timeout=0.5)
+        async with s.post(url, json=body(10, 2, stream=True)) as r:  # a stream: the head, then nothing
+            assert r.status == 200
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(r.content.read(1), timeout=0.5)
         await s.post(f"{d.url}/_calroute/faults", json={"stall": False, "metrics_down": True})
         async with s.get(f"{d.url}/metrics") as r:
             assert r.status == 503

@@ -78,10 +78,38 @@ def test_a_stalled_engine_times_out_and_is_routed_around(
     p = proxy_for(c, policy="round_robin", **FAST)
     fault(c.decode[0].url, stall=True)
     for _ in range(3):
-        status, out = request(f"{p.url}/v1/completions", body(stream=True), timeout_s=30)
-        assert status == 200
+        # a stalled stream has had its head sent (as vLLM's does): the retry goes on into the same response
+        status, events = stream(f"{p.url}/v1/completions", body(stream=True), timeout_s=30)
+        assert status == 200 and events[-1] == "[DONE]"
+        assert "".join(e["choices"][0]["text"] for e in events[:-1] if e["choices"]), events
+        assert sum(len(e["choices"]) for e in events[:-1]) == 8 and not any("error" in e for e in events[:-1])
     recs = one_record_each(p, 3)
     assert all(r.status is RequestStatus.OK and r.decode_id == "decode-1" for r in recs)
+
+
+def test_a_stream_gets_its_head_with_the_decode_engines_and_an_error_event_if_every_attempt_fails(
+    fresh_cluster: Callable[..., ClusterFile], proxy_for: Callable[..., RunningProxy]
+) -> None:
+    c = fresh_cluster(1, 1)
+    p = proxy_for(c, policy="round_robin", **FAST)
+    fault(c.decode[0].url, stall=True)  # the only decode engine: its head, then silence, every time
+    req = urllib.request.Request(
+        f"{p.url}/v1/completions",
+        data=json.dumps(body(stream=True)).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    started = time.monotonic()
+    with urllib.request.urlopen(req, timeout=60) as r:
+        head_s = time.monotonic() - started
+        assert r.status == 200 and r.headers["Content-Type"] == "text/event-stream"
+        text = r.read().decode()
+    # The head did not wait for a token (none ever came), nor for the engine's silence to run out.
+    assert head_s < FAST["stall_timeout_s"] / 2, head_s
+    assert time.monotonic() - started > FAST["stall_timeout_s"]
+    assert text.startswith('data: {"error"') and "decode engine decode-0" in text, text
+    assert text.rstrip().endswith("data: [DONE]") and text.count("data: ") == 2, text
+    (rec,) = one_record_each(p, 1)
+    assert rec.status is RequestStatus.FAILED and rec.first_token_s is None
 
 
 @pytest.mark.parametrize("streamed", [False, True])

@@ -33,7 +33,7 @@ class Faults:
 
     error_rate: float = 0.0  # fraction of completion requests answered with HTTP error_status
     error_status: int = 500  # 500 (an engine bug) or 503 (vLLM's answer when the engine core is dead)
-    stall: bool = False  # accept completion requests and never answer
+    stall: bool = False  # accept completion requests and never answer (a stream gets its head first)
     slowdown: float = 1.0  # every iteration takes this many times longer
     refuse_kv_pulls: bool = False  # the prefill side refuses decode engines' pulls
     metrics_down: bool = False  # /metrics answers 503 while generation keeps working
@@ -127,6 +127,8 @@ class EngineServer:
         except api.ApiError as e:
             return _error(e)
         if self.faults.stall:
+            if p.stream:  # vLLM's API server sends a stream's head before its engine core makes anything
+                await web.StreamResponse(headers={"Content-Type": "text/event-stream"}).prepare(request)
             await asyncio.Event().wait()  # never answers; cancelled when the client goes away
         if self.faults.error_rate and self._rng.random() < self.faults.error_rate:
             status = self.faults.error_status

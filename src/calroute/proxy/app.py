@@ -209,7 +209,9 @@ class Proxy:
                 )
             except NoCandidateError as e:
                 self._finish(f, RequestStatus.FAILED, str(e))
-                return json_error(503, f"no engine can serve the request: {e}", "ServiceUnavailable")
+                return await self._error(
+                    f, 503, f"no engine can serve the request: {e}", "ServiceUnavailable"
+                )
             self.metrics.decision.observe(time.perf_counter() - started)
             f.admitted, f.predicted = True, adm.predicted_output_tokens
             f.prefill_id, f.decode_id = decision.prefill_id, decision.decode_id
@@ -227,14 +229,35 @@ class Proxy:
                 self.router.done(f.request_id, f.prompt_tokens, 0, self.now(), ok=False)
                 f.admitted = False
         self._finish(f, RequestStatus.FAILED, last_error)
-        return json_error(502, f"every attempt failed; last: {last_error}", "BadGateway")
+        return await self._error(f, 502, f"every attempt failed; last: {last_error}", "BadGateway")
+
+    async def _error(
+        self, f: Flight, status: int, message: str, kind: str, payload: bytes | None = None
+    ) -> web.StreamResponse:
+        """The answer to a request that cannot be served (its record already written). Before its response
+        head went out: an HTTP error with a JSON body (an engine's 4xx body as it came). After (a stream
+        whose head went out with a decode engine's, then every attempt failed): an error event and the end
+        of the stream, as vLLM ends a stream it cannot finish."""
+        if f.stream is None:
+            if payload is not None:
+                return web.Response(body=payload, status=status, content_type="application/json")
+            return json_error(status, message, kind)
+        if payload is not None:
+            message = payload[:500].decode(errors="replace")
+        event = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+        try:
+            await f.stream.write(f"data: {json.dumps(event)}\n\ndata: [DONE]\n\n".encode())
+            await f.stream.write_eof()
+        except ConnectionError:
+            pass  # the client left: the record stands
+        return f.stream
 
     def _headers(self, f: Flight) -> dict[str, str]:
         return {**f.forwarded, **self._engine_headers, "X-Request-Id": f.request_id}
 
     async def _prefill(
         self, body: dict[str, Any], path: str, f: Flight
-    ) -> tuple[dict[str, Any] | None, web.Response | None]:
+    ) -> tuple[dict[str, Any] | None, web.StreamResponse | None]:
         assert f.prefill_id is not None
         try:
             # The engine says nothing until the prefill is done, then answers at once: a bound on its
@@ -254,7 +277,7 @@ class Proxy:
         if status >= 500:
             raise EngineFailed(f.prefill_id, "prefill", f"HTTP {status}")
         if status >= 400:
-            return None, self._clientjson_error(f, status, payload)
+            return None, await self._client_error(f, status, payload)
         f.prefill_done_s = self.now()
         try:
             out = json.loads(payload)
@@ -267,10 +290,10 @@ class Proxy:
         kv = out.get("kv_transfer_params")
         return (kv if isinstance(kv, dict) and kv else None), None
 
-    def _clientjson_error(self, f: Flight, status: int, payload: bytes) -> web.Response:
+    async def _client_error(self, f: Flight, status: int, payload: bytes) -> web.StreamResponse:
         """An engine refused the request as malformed: the client's problem, not the engine's."""
         self._finish(f, RequestStatus.REJECTED, f"HTTP {status}: {payload[:200].decode(errors='replace')}")
-        return web.Response(body=payload, status=status, content_type="application/json")
+        return await self._error(f, status, "", "BadRequestError", payload)
 
     async def _decode(
         self, request: web.Request, body: dict[str, Any], path: str, f: Flight, kv: dict[str, Any] | None
@@ -288,7 +311,7 @@ class Proxy:
                 if r.status >= 500:
                     raise EngineFailed(f.decode_id, "decode", f"HTTP {r.status}")
                 if r.status >= 400:
-                    return self._clientjson_error(f, r.status, await r.read())
+                    return await self._client_error(f, r.status, await r.read())
                 if not body.get("stream"):
                     return await self._relay_json(r, f)
                 return await self._relay_stream(request, r, f, pd.client_wants_usage(body))
@@ -321,14 +344,22 @@ class Proxy:
     async def _relay_stream(
         self, request: web.Request, r: Response, f: Flight, client_wants_usage: bool
     ) -> web.StreamResponse:
-        """Relay the decode engine's SSE stream (relay.py). The first piece is awaited here: until it
-        comes, a failure is the engine's and the caller retries elsewhere. The rest goes from the engine
-        connection's data callback straight to the client.
+        """Relay the decode engine's SSE stream (relay.py). The response head goes to the client as soon
+        as the decode engine's own does, as vLLM sends it, so that the client has read it before the first
+        token comes. The first piece is awaited here: until it comes, a failure is the engine's and the
+        caller retries elsewhere, into the same response. The rest goes from the engine connection's data
+        callback straight to the client.
 
         Two sides can fail after that and they mean different things: a read from the engine that breaks
         is the engine's fault (out of routing); a write to the client that breaks is the client leaving
         (the engine is fine). The record is written before the stream's end goes out, so a client that
         has seen the whole answer can already find its record."""
+        if f.stream is None:
+            f.stream = web.StreamResponse(
+                status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+            )
+            await self._to_client(f, f.stream.prepare(request))
+        resp = f.stream
         first = await r.next_part()
         if first is None:
             raise EngineFailed(f.decode_id or "", "decode", "empty response")
@@ -336,11 +367,7 @@ class Proxy:
             client_wants_usage, self.now, lambda now: self.router.first_token(f.request_id, now)
         )
         try:
-            resp = web.StreamResponse(
-                status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-            )
-            await self._to_client(f, resp.prepare(request))
-            await self._to_client(f, resp.write(relay.events(first)))  # the head goes out with it
+            await self._to_client(f, resp.write(relay.events(first)))
             transport = request.transport
             if transport is None or transport.is_closing():
                 raise self._client_gone(f)

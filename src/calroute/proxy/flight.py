@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from calroute.records import RequestRecord
 from calroute.types import RequestStatus, SloClass
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 
 @dataclass
@@ -32,6 +35,7 @@ class Flight:
     recorded: bool = False
     forwarded: dict[str, str] = field(default_factory=dict)  # client headers on the allow-list
     oracle_tokens: int | None = None  # the true output length (ORACLE_HEADER): oracle studies only
+    stream: web.StreamResponse | None = None  # the client's event stream, once its head went out
 
     def record(self, policy: str, status: RequestStatus, error: str | None) -> RequestRecord:
         return RequestRecord(
