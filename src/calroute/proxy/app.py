@@ -25,10 +25,10 @@ from calroute.decisions import DecisionLog
 from calroute.errors import NoCandidateError
 from calroute.ledger import Ledger
 from calroute.policies import make_policy
-from calroute.proxy import admin, pd, surface
+from calroute.proxy import admin, codec, pd, surface
 from calroute.proxy.config import ENGINE_KEEPALIVE_S, SLOW_STEPS_PER_TOKEN, ProxyConfig
 from calroute.proxy.errors import ClientGone, EngineFailed, json_error
-from calroute.proxy.flight import Flight, json_bytes, validate
+from calroute.proxy.flight import Flight, validate
 from calroute.proxy.metrics import ProxyMetrics
 from calroute.proxy.oracle import ORACLE_HEADER, oracle_tokens
 from calroute.proxy.prompt_length import PromptLength
@@ -156,12 +156,12 @@ class Proxy:
     async def _generate(self, request: web.Request, path: str) -> web.StreamResponse:
         arrival = self.now()
         try:
-            body = await request.json()
+            body = codec.loads(await request.read())
         except web.HTTPRequestEntityTooLarge:
             return json_error(
                 413, f"request body larger than {self.cfg.max_body_bytes} bytes", "RequestTooLarge"
             )
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        except codec.DecodeError as e:
             return json_error(400, f"the request body is not valid JSON: {e}")
         invalid = validate(body, path, self.cfg.cluster.max_model_len)
         if invalid is not None:
@@ -266,7 +266,7 @@ class Proxy:
                 "POST",
                 path,
                 self._headers(f),
-                json_bytes(pd.prefill_body(body)),
+                codec.dumps(pd.prefill_body(body)),
                 read_timeout_s=self.cfg.prefill_timeout_s,
             )
             async with r:
@@ -280,7 +280,7 @@ class Proxy:
             return None, await self._client_error(f, status, payload)
         f.prefill_done_s = self.now()
         try:
-            out = json.loads(payload)
+            out = codec.loads(payload)
             prompt_tokens = int(out["usage"]["prompt_tokens"])
         except (ValueError, KeyError, TypeError) as e:
             raise EngineFailed(f.prefill_id, "prefill", f"unreadable prefill response: {e}") from e
@@ -304,7 +304,7 @@ class Proxy:
                 "POST",
                 path,
                 self._headers(f),
-                json_bytes(pd.decode_body(body, kv)),
+                codec.dumps(pd.decode_body(body, kv)),
                 read_timeout_s=self._silence_bound_s(body, f),
             )
             async with r:
@@ -332,7 +332,7 @@ class Proxy:
         payload = await r.read()
         now = self.now()
         try:
-            f.output_tokens = int(json.loads(payload)["usage"]["completion_tokens"])
+            f.output_tokens = int(codec.loads(payload)["usage"]["completion_tokens"])
         except (ValueError, KeyError, TypeError):
             f.output_tokens = 0
         # A JSON answer has no token timing: first and last token are the moment it arrives.

@@ -3,7 +3,6 @@ journey across attempts (``Flight``), which becomes its one record in the shared
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -84,7 +83,3 @@ def validate(body: Any, path: str, max_model_len: int) -> Invalid | None:
     if not isinstance(body.get("stream", False), bool):
         return Invalid("stream must be a boolean", "stream")
     return None
-
-
-def json_bytes(body: dict[str, Any]) -> bytes:
-    return json.dumps(body, separators=(",", ":")).encode()

@@ -8,8 +8,9 @@ function over bytes: no parse of every event, no state.
 
 from __future__ import annotations
 
-import json
 from typing import NamedTuple
+
+from calroute.proxy import codec
 
 CONTENT = b'"choices":[{'
 USAGE = b'"choices":[]'  # vLLM's usage-only chunk
@@ -36,7 +37,7 @@ def scan(events: bytes, keep_usage: bool) -> Scan:
         start = events.rfind(b"data: ", 0, usage_at)
         end = events.find(b"\n\n", usage_at) + 2
         try:
-            output_tokens = int(json.loads(events[start + 6 : end])["usage"]["completion_tokens"])
+            output_tokens = int(codec.loads(events[start + 6 : end])["usage"]["completion_tokens"])
         except (ValueError, KeyError, TypeError):
             pass
         if not keep_usage:
