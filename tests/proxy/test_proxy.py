@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
 from collections.abc import Callable
@@ -120,6 +121,7 @@ def test_every_request_is_logged_once_in_the_shared_schema(
     request(f"{p.url}/v1/completions", body(max_tokens=-1))  # rejected before admission: not logged
     recs = records(p)
     assert len(recs) == 6 and len({r.request_id for r in recs}) == 6
+    assert all(re.fullmatch(r"[0-9a-f]{32}", r.request_id) for r in recs)  # as long as a uuid4's hex
     for r in recs:
         assert r.status is RequestStatus.OK and r.output_tokens == 12 and r.prompt_tokens > 100
         assert r.prefill_done_s is not None and r.first_token_s is not None and r.last_token_s is not None
