@@ -323,11 +323,14 @@ def test_serve_poll_interval_reaches_the_proxy_or_is_refused(
         def __init__(self, cfg: ProxyConfig) -> None:
             seen.append(cfg.poll_interval_s)
 
-        def app(self) -> None:
-            return None
+        async def start(self, host: str, port: int) -> int:
+            return port
+
+        async def stop(self) -> None:
+            pass
 
     monkeypatch.setattr("calroute.proxy.app.Proxy", FakeProxy)
-    monkeypatch.setattr("aiohttp.web.run_app", lambda *a, **kw: None)
+    monkeypatch.setattr("calroute.proxy.server.run_until_signalled", lambda *a, **kw: None)
     argv = ["serve", "--cluster", str(cluster)] + ([] if interval is None else ["--poll-interval", interval])
     exit_code, _, stderr = invoke(*argv)
     assert exit_code == code, stderr

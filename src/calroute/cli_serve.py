@@ -67,8 +67,6 @@ def serve(
     Admin endpoints (/state, /admin/policy) need CALROUTE_ADMIN_TOKEN set; engines' API key, if they want
     one, comes from CALROUTE_ENGINE_API_KEY.
     """
-    from aiohttp import web
-
     from calroute.proxy.app import Proxy
     from calroute.proxy.config import ProxyConfig
 
@@ -112,20 +110,21 @@ def serve(
     except CalrouteError as e:
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from e
-    err.print(f"calroute proxy on http://{host}:{port} ({policy}, {len(c.prefill)}P+{len(c.decode)}D)")
-    from calroute.aio import new_event_loop
+    from calroute.proxy.server import run_until_signalled
 
     # A full garbage collection walks every object the process holds: 15 - 18 ms once the proxy's libraries
     # are loaded, a pause added to the TTFT of every request in flight. What exists now (modules, the app)
     # lives as long as the process: frozen, it leaves later collections only the objects made while serving.
     gc.collect()
     gc.freeze()
-    web.run_app(
-        proxy.app(),
-        host=host,
-        port=port,
-        handler_cancellation=True,
-        access_log=None,
-        print=None,
-        loop=new_event_loop(),
-    )
+    try:
+        run_until_signalled(
+            lambda: proxy.start(host, port),
+            proxy.stop,
+            lambda bound: err.print(
+                f"calroute proxy on http://{host}:{bound} ({policy}, {len(c.prefill)}P+{len(c.decode)}D)"
+            ),
+        )
+    except OSError as e:  # the address is taken, or not this machine's
+        err.print(f"[red]error:[/] cannot listen on {host}:{port} (--host, --port): {e}")
+        raise typer.Exit(2) from e

@@ -188,6 +188,7 @@ def test_metrics_going_away_leaves_the_engine_in_routing(
 ) -> None:
     c = fresh_cluster(1, 1)
     p = proxy_for(c, **FAST)
+    wait_for(lambda: p.proxy.signals.last_sample_s["decode-0"] is not None, 5.0)  # a sample came first
     fault(c.decode[0].url, metrics_down=True)
     time.sleep(1.0)
     assert p.proxy.signals.healthy["decode-0"]

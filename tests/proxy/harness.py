@@ -6,8 +6,6 @@ import asyncio
 import threading
 from types import TracebackType
 
-from aiohttp import web
-
 from calroute.proxy.app import Proxy
 from calroute.proxy.config import ProxyConfig
 
@@ -17,7 +15,7 @@ class RunningProxy:
         self.proxy = Proxy(cfg)
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
-        self._runner: web.AppRunner | None = None
+        self._started = False
         self.url = ""
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -31,11 +29,9 @@ class RunningProxy:
         self._loop.run_forever()
 
     async def _start(self) -> None:
-        self._runner = web.AppRunner(self.proxy.app(), handler_cancellation=True, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        port = await self.proxy.start("127.0.0.1", 0)
+        self._started = True
+        self.url = f"http://127.0.0.1:{port}"
 
     def call(self, fn: object) -> None:
         """Run a plain callable on the proxy's loop (to mutate its state safely)."""
@@ -43,8 +39,8 @@ class RunningProxy:
 
     def stop(self) -> None:
         async def shutdown() -> None:
-            if self._runner is not None:
-                await self._runner.cleanup()
+            if self._started:
+                await self.proxy.stop()
 
         asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(timeout=15)
         self._loop.call_soon_threadsafe(self._loop.stop)

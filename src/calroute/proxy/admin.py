@@ -6,14 +6,13 @@ With no token configured (CALROUTE_ADMIN_TOKEN unset) both answer 403: an operat
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-from aiohttp import web
-
 from calroute.errors import ConfigError
+from calroute.proxy import codec
 from calroute.proxy.errors import json_error
+from calroute.proxy.server import Request, Response, json_response
 
 if TYPE_CHECKING:
     from calroute.proxy.app import Proxy
@@ -21,7 +20,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def authorized(token: str | None, request: web.Request) -> web.Response | None:
+def authorized(token: str | None, request: Request) -> Response | None:
     """None when the request may pass; otherwise the answer to give it."""
     if token is None:
         return json_error(403, "admin endpoints are disabled: set CALROUTE_ADMIN_TOKEN", "Forbidden")
@@ -65,17 +64,17 @@ def state(proxy: Proxy) -> dict[str, Any]:
     }
 
 
-async def set_policy(proxy: Proxy, request: web.Request) -> web.Response:
+async def set_policy(proxy: Proxy, request: Request) -> Response:
     try:
-        body = await request.json()
+        body = codec.loads(request.body)
         name = body["policy"]
         params = body.get("params", {})
         if not isinstance(name, str) or not isinstance(params, dict):
             raise ConfigError("policy must be a name and params an object")
         proxy.switch_policy(name, params)
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
+    except (codec.DecodeError, KeyError, TypeError) as e:
         return json_error(400, f'expected {{"policy": NAME, "params": {{...}}}}: {e}')
     except ConfigError as e:
         return json_error(400, str(e))
     logger.info("policy switched to %s %s", name, params)
-    return web.json_response({"policy": name, "params": params})
+    return json_response({"policy": name, "params": params})

@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable
 from typing import IO, Any
 
-from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from calroute.calibrate.online import OnlineCalibrator
 from calroute.costmodel.predictors import make_predictor
@@ -34,14 +34,18 @@ from calroute.proxy.metrics import ProxyMetrics
 from calroute.proxy.oracle import ORACLE_HEADER, oracle_tokens
 from calroute.proxy.prompt_length import PromptLength
 from calroute.proxy.relay import StreamRelay
+from calroute.proxy.server import Request, Response, Server, Stream, json_response
 from calroute.proxy.signals import Signals
 from calroute.proxy.slo import slo_class
-from calroute.proxy.upstream import Endpoint, Response, UpstreamError
+from calroute.proxy.upstream import Endpoint, UpstreamError
+from calroute.proxy.upstream import Response as EngineResponse
 from calroute.records import RecordWriter
 from calroute.router import Router
 from calroute.types import RequestStatus
 
 logger = logging.getLogger(__name__)
+
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
 class Proxy:
@@ -85,6 +89,18 @@ class Proxy:
         self._log: IO[str] | None = None
         self._writer: RecordWriter | None = None
         self._decision_stream: IO[str] | None = None
+        self._server = Server(
+            {
+                ("POST", "/v1/completions"): self._completions,
+                ("POST", "/v1/chat/completions"): self._chat,
+                ("GET", "/v1/models"): self._models,
+                ("GET", "/health"): self._health,
+                ("GET", "/metrics"): self._metrics,
+                ("GET", "/state"): self._state,
+                ("POST", "/admin/policy"): self._set_policy,
+            },
+            cfg.max_body_bytes,
+        )
 
     def now(self) -> float:
         return time.monotonic() - self._t0
@@ -112,26 +128,10 @@ class Proxy:
             for e, t in self.signals.last_sample_s.items()
         ]
 
-    # ---- app ----------------------------------------------------------------------------------------
+    # ---- serving ------------------------------------------------------------------------------------
 
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.cfg.max_body_bytes)
-        app.add_routes(
-            [
-                web.post("/v1/completions", self._completions),
-                web.post("/v1/chat/completions", self._chat),
-                web.get("/v1/models", self._models),
-                web.get("/health", self._health),
-                web.get("/metrics", self._metrics),
-                web.get("/state", self._state),
-                web.post("/admin/policy", self._set_policy),
-            ]
-        )
-        app.on_startup.append(self._startup)
-        app.on_cleanup.append(self._cleanup)
-        return app
-
-    async def _startup(self, app: web.Application) -> None:
+    async def start(self, host: str, port: int) -> int:
+        """Open the logs, start the engine signals, listen; returns the port (chosen if ``port`` is 0)."""
         if self.cfg.log_path is not None:
             self.cfg.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log = self.cfg.log_path.open("a")
@@ -141,8 +141,11 @@ class Proxy:
             self._decision_stream = self.cfg.decision_log_path.open("a", buffering=1)
             self.router.on_decision = DecisionLog(self._decision_stream)
         self.signals.start()
+        return await self._server.start(host, port)
 
-    async def _cleanup(self, app: web.Application) -> None:
+    async def stop(self) -> None:
+        """Stop listening, let requests under way finish (briefly), close engines' connections and logs."""
+        await self._server.stop()
         await self.signals.stop()
         for endpoint in self._endpoints.values():
             endpoint.close()
@@ -152,20 +155,16 @@ class Proxy:
 
     # ---- generation ---------------------------------------------------------------------------------
 
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
+    async def _completions(self, request: Request) -> Response | Stream:
         return await self._generate(request, "/v1/completions")
 
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
+    async def _chat(self, request: Request) -> Response | Stream:
         return await self._generate(request, "/v1/chat/completions")
 
-    async def _generate(self, request: web.Request, path: str) -> web.StreamResponse:
+    async def _generate(self, request: Request, path: str) -> Response | Stream:
         arrival = self.now()
         try:
-            body = codec.loads(await request.read())
-        except web.HTTPRequestEntityTooLarge:
-            return json_error(
-                413, f"request body larger than {self.cfg.max_body_bytes} bytes", "RequestTooLarge"
-            )
+            body = codec.loads(request.body)
         except codec.DecodeError as e:
             return json_error(400, f"the request body is not valid JSON: {e}")
         invalid = validate(body, path, self.cfg.cluster.max_model_len)
@@ -202,9 +201,7 @@ class Proxy:
             if not flight.recorded:  # the client went away (handler cancelled) or something unexpected
                 self._finish(flight, RequestStatus.CANCELLED, "client disconnected")
 
-    async def _serve(
-        self, request: web.Request, body: dict[str, Any], path: str, f: Flight
-    ) -> web.StreamResponse:
+    async def _serve(self, request: Request, body: dict[str, Any], path: str, f: Flight) -> Response | Stream:
         last_error = "no attempt made"
         for _ in range(self.cfg.max_attempts):
             started = time.perf_counter()
@@ -238,14 +235,14 @@ class Proxy:
 
     async def _error(
         self, f: Flight, status: int, message: str, kind: str, payload: bytes | None = None
-    ) -> web.StreamResponse:
+    ) -> Response | Stream:
         """The answer to a request that cannot be served (its record already written). Before its response
         head went out: an HTTP error with a JSON body (an engine's 4xx body as it came). After (a stream
         whose head went out with a decode engine's, then every attempt failed): an error event and the end
         of the stream, as vLLM ends a stream it cannot finish."""
         if f.stream is None:
             if payload is not None:
-                return web.Response(body=payload, status=status, content_type="application/json")
+                return Response(payload, status)
             return json_error(status, message, kind)
         if payload is not None:
             message = payload[:500].decode(errors="replace")
@@ -262,7 +259,7 @@ class Proxy:
 
     async def _prefill(
         self, body: dict[str, Any], path: str, f: Flight
-    ) -> tuple[dict[str, Any] | None, web.StreamResponse | None]:
+    ) -> tuple[dict[str, Any] | None, Response | Stream | None]:
         assert f.prefill_id is not None
         try:
             # The engine says nothing until the prefill is done, then answers at once: a bound on its
@@ -295,14 +292,14 @@ class Proxy:
         kv = out.get("kv_transfer_params")
         return (kv if isinstance(kv, dict) and kv else None), None
 
-    async def _client_error(self, f: Flight, status: int, payload: bytes) -> web.StreamResponse:
+    async def _client_error(self, f: Flight, status: int, payload: bytes) -> Response | Stream:
         """An engine refused the request as malformed: the client's problem, not the engine's."""
         self._finish(f, RequestStatus.REJECTED, f"HTTP {status}: {payload[:200].decode(errors='replace')}")
         return await self._error(f, status, "", "BadRequestError", payload)
 
     async def _decode(
-        self, request: web.Request, body: dict[str, Any], path: str, f: Flight, kv: dict[str, Any] | None
-    ) -> web.StreamResponse:
+        self, request: Request, body: dict[str, Any], path: str, f: Flight, kv: dict[str, Any] | None
+    ) -> Response | Stream:
         assert f.decode_id is not None
         try:
             r = await self._endpoints[f.decode_id].request(
@@ -333,7 +330,7 @@ class Proxy:
         tokens = limit if isinstance(limit, int) else self.cfg.cluster.max_model_len - f.prompt_tokens
         return self.cfg.stall_timeout_s + tokens * SLOW_STEPS_PER_TOKEN * self.cfg.calibration.tau_dec_s
 
-    async def _relay_json(self, r: Response, f: Flight) -> web.Response:
+    async def _relay_json(self, r: EngineResponse, f: Flight) -> Response:
         payload = await r.read()
         now = self.now()
         try:
@@ -344,11 +341,11 @@ class Proxy:
         f.first_token_s = f.last_token_s = now
         self.router.first_token(f.request_id, now)
         self._finish(f, RequestStatus.OK, None)
-        return web.Response(body=payload, status=r.status, content_type="application/json")
+        return Response(payload, r.status)
 
     async def _relay_stream(
-        self, request: web.Request, r: Response, f: Flight, client_wants_usage: bool
-    ) -> web.StreamResponse:
+        self, request: Request, r: EngineResponse, f: Flight, client_wants_usage: bool
+    ) -> Response | Stream:
         """Relay the decode engine's SSE stream (relay.py). The response head goes to the client as soon
         as the decode engine's own does, as vLLM sends it, so that the client has read it before the first
         token comes. The first piece is awaited here: until it comes, a failure is the engine's and the
@@ -360,10 +357,10 @@ class Proxy:
         (the engine is fine). The record is written before the stream's end goes out, so a client that
         has seen the whole answer can already find its record."""
         if f.stream is None:
-            f.stream = web.StreamResponse(
-                status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-            )
-            await self._to_client(f, f.stream.prepare(request))
+            try:
+                f.stream = request.stream(200, SSE_HEADERS)
+            except ConnectionError as e:
+                raise self._client_gone(f) from e
         resp = f.stream
         first = await r.next_part()
         if first is None:
@@ -373,10 +370,9 @@ class Proxy:
         )
         try:
             await self._to_client(f, resp.write(relay.events(first)))
-            transport = request.transport
-            if transport is None or transport.is_closing():
+            if resp.transport.is_closing():
                 raise self._client_gone(f)
-            relay.attach(transport, resp.headers.get("Transfer-Encoding") == "chunked", r)
+            relay.attach(resp.transport, resp.chunked, r)
             try:
                 await r.relay(relay.piece)
             except (UpstreamError, TimeoutError) as e:
@@ -410,7 +406,7 @@ class Proxy:
     async def _to_client(self, f: Flight, write: Awaitable[Any]) -> None:
         try:
             await write
-        except ConnectionError as e:  # aiohttp's ClientConnectionResetError is one too
+        except ConnectionError as e:
             raise self._client_gone(f) from e
 
     # ---- bookkeeping --------------------------------------------------------------------------------
@@ -439,18 +435,18 @@ class Proxy:
 
     # ---- the rest of the surface --------------------------------------------------------------------
 
-    async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response(surface.models(self.cfg.cluster))
+    async def _models(self, request: Request) -> Response:
+        return json_response(surface.models(self.cfg.cluster))
 
-    async def _health(self, request: web.Request) -> web.Response:
+    async def _health(self, request: Request) -> Response:
         body, status = surface.health(self.cfg.cluster, self.signals.healthy)
-        return web.json_response(body, status=status)
+        return json_response(body, status)
 
-    async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.metrics.exposition(), content_type="text/plain", charset="utf-8")
+    async def _metrics(self, request: Request) -> Response:
+        return Response(self.metrics.exposition(), content_type=CONTENT_TYPE_LATEST)
 
-    async def _state(self, request: web.Request) -> web.Response:
-        return admin.authorized(self.cfg.admin_token, request) or web.json_response(admin.state(self))
+    async def _state(self, request: Request) -> Response:
+        return admin.authorized(self.cfg.admin_token, request) or json_response(admin.state(self))
 
-    async def _set_policy(self, request: web.Request) -> web.Response:
+    async def _set_policy(self, request: Request) -> Response:
         return admin.authorized(self.cfg.admin_token, request) or await admin.set_policy(self, request)

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from aiohttp import web
+from calroute.proxy.server import Response, error_body
 
 
 def json_error(
     status: int, message: str, kind: str = "BadRequestError", param: str | None = None
-) -> web.Response:
-    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
-    return web.json_response(body, status=status)
+) -> Response:
+    return Response(error_body(status, message, kind, param), status)
 
 
 class EngineFailed(Exception):
@@ -23,5 +22,5 @@ class EngineFailed(Exception):
 
 class ClientGone(ConnectionResetError):
     """The client went away mid-stream: its record is written and the engine is not at fault. A
-    ConnectionResetError, which aiohttp's server takes as a premature disconnect and leaves quiet; not an
-    aiohttp.ClientError, so no engine-failure path catches it."""
+    ConnectionResetError, which the server (server.py) takes as a closed connection and leaves quiet; not
+    an UpstreamError, so no engine-failure path catches it."""

@@ -10,7 +10,7 @@ from calroute.records import RequestRecord
 from calroute.types import RequestStatus, SloClass
 
 if TYPE_CHECKING:
-    from aiohttp import web
+    from calroute.proxy.server import Stream
 
 
 @dataclass
@@ -34,7 +34,7 @@ class Flight:
     recorded: bool = False
     forwarded: dict[str, str] = field(default_factory=dict)  # client headers on the allow-list
     oracle_tokens: int | None = None  # the true output length (ORACLE_HEADER): oracle studies only
-    stream: web.StreamResponse | None = None  # the client's event stream, once its head went out
+    stream: Stream | None = None  # the client's event stream, once its head went out
 
     def record(self, policy: str, status: RequestStatus, error: str | None) -> RequestRecord:
         return RequestRecord(

@@ -1,11 +1,14 @@
-"""HTTP/1.1 response framing as pure byte functions: the head, and the three ways a body ends.
+"""HTTP/1.1 framing as pure byte functions: a response's head, and the three ways a body ends.
 
 The proxy's engine client (upstream.py) feeds a BodyDecoder whatever bytes one socket read returned, from a
 coroutine or straight from the event loop's data callback (the SSE relay), so the decoder keeps its own
-state and never waits. One decoder serves both, so chunked framing is read in one place.
+state and never waits. The proxy's server (server.py) reads client request bodies with it too, so chunked
+framing is read in one place.
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 MAX_LINE_BYTES = 8 * 1024  # a chunk-size or trailer line; far above anything an engine sends
 BODY_CLOSE, BODY_LENGTH, BODY_CHUNKED = 0, 1, 2
@@ -49,13 +52,23 @@ class Head:
             raise FramingError(f"unreadable response head: {e}") from e
 
 
+class Framing(Protocol):
+    """How a body is delimited: a response's Head, or a request's (server.py)."""
+
+    @property
+    def body(self) -> int: ...  # BODY_CLOSE, BODY_LENGTH or BODY_CHUNKED
+
+    @property
+    def length(self) -> int: ...  # for BODY_LENGTH
+
+
 class BodyDecoder:
     """Feed it the bytes that follow a head, in any cuts; it returns the body's pieces as they become
     known. ``done`` once the body has ended; bytes beyond that end are kept in ``rest``."""
 
     __slots__ = ("_buf", "_chunked", "_left", "_state", "_until_close")
 
-    def __init__(self, head: Head) -> None:
+    def __init__(self, head: Framing) -> None:
         self._buf = b""
         self._chunked = head.body == BODY_CHUNKED
         self._until_close = head.body == BODY_CLOSE
