@@ -4,7 +4,8 @@ The relay forwards whole network reads (one write per read, not per line) and lo
 needs (sse.scan): the first content event, the usage event (kept only if the client asked for it), an error.
 After the first piece, which the handler writes through the response (server.Stream), every piece is written
 to the client's transport from the event loop's callback, framed as the response is (chunked for HTTP/1.1,
-as is for 1.0): no task wakes per event. A client that reads slower than the engine writes pauses the engine connection.
+as is for 1.0): no task wakes per event. A client that reads slower than the engine writes pauses the engine
+connection.
 """
 
 from __future__ import annotations
