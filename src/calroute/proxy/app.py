@@ -29,14 +29,12 @@ from calroute.policies import make_policy
 from calroute.proxy import admin, codec, pd, surface
 from calroute.proxy.config import ENGINE_KEEPALIVE_S, SLOW_STEPS_PER_TOKEN, ProxyConfig
 from calroute.proxy.errors import ClientGone, EngineFailed, json_error
-from calroute.proxy.flight import Flight, validate
+from calroute.proxy.flight import Flight, Invalid, board
 from calroute.proxy.metrics import ProxyMetrics
-from calroute.proxy.oracle import ORACLE_HEADER, oracle_tokens
 from calroute.proxy.prompt_length import PromptLength
 from calroute.proxy.relay import StreamRelay
 from calroute.proxy.server import Request, Response, Server, Stream, json_response
 from calroute.proxy.signals import Signals
-from calroute.proxy.slo import slo_class
 from calroute.proxy.upstream import Endpoint, UpstreamError
 from calroute.proxy.upstream import Response as EngineResponse
 from calroute.records import RecordWriter
@@ -162,39 +160,11 @@ class Proxy:
         return await self._generate(request, "/v1/chat/completions")
 
     async def _generate(self, request: Request, path: str) -> Response | Stream:
-        arrival = self.now()
-        try:
-            body = codec.loads(request.body)
-        except codec.DecodeError as e:
-            return json_error(400, f"the request body is not valid JSON: {e}")
-        invalid = validate(body, path, self.cfg.cluster.max_model_len)
-        if invalid is not None:
-            return json_error(400, invalid.message, param=invalid.param)
-        try:
-            slo = slo_class(request.headers, self.cfg.calibration.slo, self.cfg.default_slo)
-        except ValueError as e:
-            return json_error(400, str(e), param="headers")
-        true_tokens: int | None = None
-        if self.cfg.predictor == "oracle":
-            true_tokens = oracle_tokens(request.headers.get(ORACLE_HEADER))
-            if true_tokens is None:
-                return json_error(
-                    400,
-                    f"the oracle predictor needs the {ORACLE_HEADER} header: a positive integer",
-                    param="headers",
-                )
-        tokens, chars = self.prompt_length.estimate(body)
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        flight = Flight(
-            f"{self._id_prefix}{next(self._ids):016x}",
-            arrival,
-            slo,
-            tokens,
-            chars,
-            max_tokens if isinstance(max_tokens, int) else 0,
-            forwarded=pd.forwarded(request.headers),
-            oracle_tokens=true_tokens,
-        )
+        request_id = f"{self._id_prefix}{next(self._ids):016x}"
+        boarded = board(request, path, self.cfg, self.prompt_length, request_id, self.now())
+        if isinstance(boarded, Invalid):
+            return json_error(400, boarded.message, param=boarded.param)
+        body, flight = boarded
         try:
             return await self._serve(request, body, path, flight)
         finally:

@@ -1,16 +1,22 @@
-"""One client request through the proxy: what the client may send (``validate``), and the request's
-journey across attempts (``Flight``), which becomes its one record in the shared schema."""
+"""One client request through the proxy: what the client may send (``validate``), how a request boards
+(``board``: its body, SLO class and prompt length read into a Flight), and its journey across attempts
+(``Flight``), which becomes its one record in the shared schema."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from calroute.proxy import codec, pd
+from calroute.proxy.oracle import ORACLE_HEADER, oracle_tokens
+from calroute.proxy.slo import slo_class
 from calroute.records import RequestRecord
 from calroute.types import RequestStatus, SloClass
 
 if TYPE_CHECKING:
-    from calroute.proxy.server import Stream
+    from calroute.proxy.config import ProxyConfig
+    from calroute.proxy.prompt_length import PromptLength
+    from calroute.proxy.server import Request, Stream
 
 
 @dataclass
@@ -83,3 +89,45 @@ def validate(body: Any, path: str, max_model_len: int) -> Invalid | None:
     if not isinstance(body.get("stream", False), bool):
         return Invalid("stream must be a boolean", "stream")
     return None
+
+
+def board(
+    request: Request,
+    path: str,
+    cfg: ProxyConfig,
+    prompt_length: PromptLength,
+    request_id: str,
+    arrival_s: float,
+) -> tuple[dict[str, Any], Flight] | Invalid:
+    """The client's body and the request's Flight, or why it cannot be served (a 400)."""
+    try:
+        body = codec.loads(request.body)
+    except codec.DecodeError as e:
+        return Invalid(f"the request body is not valid JSON: {e}")
+    invalid = validate(body, path, cfg.cluster.max_model_len)
+    if invalid is not None:
+        return invalid
+    try:
+        slo = slo_class(request.headers, cfg.calibration.slo, cfg.default_slo)
+    except ValueError as e:
+        return Invalid(str(e), "headers")
+    true_tokens: int | None = None
+    if cfg.predictor == "oracle":
+        true_tokens = oracle_tokens(request.headers.get(ORACLE_HEADER))
+        if true_tokens is None:
+            return Invalid(
+                f"the oracle predictor needs the {ORACLE_HEADER} header: a positive integer", "headers"
+            )
+    tokens, chars = prompt_length.estimate(body)
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    flight = Flight(
+        request_id,
+        arrival_s,
+        slo,
+        tokens,
+        chars,
+        max_tokens if isinstance(max_tokens, int) else 0,
+        forwarded=pd.forwarded(request.headers),
+        oracle_tokens=true_tokens,
+    )
+    return body, flight
