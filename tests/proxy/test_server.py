@@ -131,6 +131,8 @@ def post(path: str, body: bytes, extra: str = "") -> bytes:
         (b"POST /echo HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", 501, "Transfer-Encoding"),
         (b"POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400, "chunk size"),
         (b"GET /echo HTTP/1.1\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n", 431, "head larger"),
+        (b"GET /echo HTTP/1.1\r\nX-Big: " + b"a" * 9_000 + b"\r\n\r\n", 431, "line longer than 8192"),
+        (b"GET /echo?" + b"q" * 9_000 + b" HTTP/1.1\r\n\r\n", 431, "line longer than 8192"),
         (post("/echo", b"x" * (MAX_BODY + 1)), 413, "larger than 1000 bytes"),
         (
             b"POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"

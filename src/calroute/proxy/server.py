@@ -30,6 +30,7 @@ from calroute.proxy.http1 import BODY_CHUNKED, BODY_LENGTH, BodyDecoder, Framing
 logger = logging.getLogger(__name__)
 
 MAX_HEAD_BYTES = 64 * 1024
+MAX_LINE_BYTES = 8 * 1024  # one line of a head, as aiohttp and nginx bound it
 KEEPALIVE_S = 75.0  # as aiohttp's and nginx's defaults: well past any client pool's own idle limit
 STREAM_HIGH_WATER_BYTES = 256 * 1024  # a Stream.write waits while more than this is unsent
 # After refusing a request whose body is still coming, read and drop it this long before closing: a close
@@ -148,6 +149,8 @@ class _Head:
 
     def __init__(self, raw: bytes, max_body_bytes: int) -> None:
         lines = raw.decode("latin-1").split("\r\n")
+        if max(map(len, lines)) > MAX_LINE_BYTES:
+            raise ValueError(f"a request head line longer than {MAX_LINE_BYTES} bytes", 431)
         parts = lines[0].split(" ")
         if len(parts) != 3 or not parts[0].isalpha() or not parts[1].startswith("/"):
             raise ValueError(f"malformed request line {lines[0][:80]!r}", 400)
