@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 
 import pytest
 
@@ -106,12 +107,23 @@ async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, st
     return status, headers, await reader.read()
 
 
-async def exchange(port: int, raw: bytes, responses: int = 1) -> list[tuple[int, dict[str, str], bytes]]:
+@asynccontextmanager
+async def connected(
+    port: int, raw: bytes
+) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """A client connection that has sent ``raw``; closed on the way out."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(raw)
-    out = [await read_response(reader) for _ in range(responses)]
-    writer.close()
-    return out
+    await writer.drain()
+    try:
+        yield reader, writer
+    finally:
+        writer.close()
+
+
+async def exchange(port: int, raw: bytes, responses: int = 1) -> list[tuple[int, dict[str, str], bytes]]:
+    async with connected(port, raw) as (reader, _):
+        return [await read_response(reader) for _ in range(responses)]
 
 
 def post(path: str, body: bytes, extra: str = "") -> bytes:
@@ -177,68 +189,67 @@ def test_keep_alive_pipelining_and_bodies_by_length_or_chunks(run: Runner) -> No
 )
 def test_which_connections_stay_open(version: str, connection: str, stays_open: bool, run: Runner) -> None:
     async def test(app: App, srv: Server, port: int) -> None:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
         extra = f"Connection: {connection}\r\n" if connection else ""
-        writer.write(f"GET /echo HTTP/{version}\r\n{extra}\r\n".encode())
-        status, headers, _ = await read_response(reader)
-        assert status == 200 and (headers.get("connection") == "close") is not stays_open
-        if stays_open:
-            writer.write(b"GET /echo HTTP/1.1\r\n\r\n")
-            assert (await read_response(reader))[0] == 200
-        else:
-            assert await reader.read() == b""  # closed by the server
-        writer.close()
+        async with connected(port, f"GET /echo HTTP/{version}\r\n{extra}\r\n".encode()) as (reader, writer):
+            status, headers, _ = await read_response(reader)
+            assert status == 200 and (headers.get("connection") == "close") is not stays_open
+            if stays_open:
+                writer.write(b"GET /echo HTTP/1.1\r\n\r\n")
+                assert (await read_response(reader))[0] == 200
+            else:
+                assert await reader.read() == b""  # closed by the server
 
     run(test)
 
 
 def test_expect_continue_is_answered_before_the_body_comes(run: Runner) -> None:
     async def test(app: App, srv: Server, port: int) -> None:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"POST /echo HTTP/1.1\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n")
-        assert (await read_response(reader))[0] == 100
-        writer.write(b"body")
-        status, _, body = await read_response(reader)
+        head = b"POST /echo HTTP/1.1\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n"
+        async with connected(port, head) as (reader, writer):
+            assert (await read_response(reader))[0] == 100
+            writer.write(b"body")
+            status, _, body = await read_response(reader)
         assert status == 200 and json.loads(body)["body"] == "body"
-        writer.close()
 
     run(test)
 
 
 def test_an_oversized_body_is_refused_before_it_is_read_and_the_refusal_arrives(run: Runner) -> None:
     async def test(app: App, srv: Server, port: int) -> None:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"POST /echo HTTP/1.1\r\nContent-Length: 5000000\r\n\r\n")
-        for _ in range(50):  # the client keeps sending after the refusal: no reset loses the answer
-            writer.write(b"z" * 100_000)
-            await writer.drain()
-        status, _, body = await read_response(reader)
+        head = b"POST /echo HTTP/1.1\r\nContent-Length: 5000000\r\n\r\n"
+        async with connected(port, head) as (reader, writer):
+            for _ in range(50):  # the client keeps sending after the refusal: no reset loses the answer
+                writer.write(b"z" * 100_000)
+                await writer.drain()
+            status, _, body = await read_response(reader)
         assert status == 413 and "larger than" in json.loads(body)["error"]["message"]
-        writer.close()
 
     run(test)
 
 
-@pytest.mark.parametrize(("version", "framing"), [("1.1", "chunked"), ("1.0", "close")])
+@pytest.mark.parametrize(
+    ("version", "ask", "encoding", "connection"),
+    [("1.1", "", "chunked", None), ("1.1", "close", "chunked", "close"), ("1.0", "", None, "close")],
+)
 def test_a_stream_is_chunked_for_http11_and_close_delimited_for_http10(
-    version: str, framing: str, run: Runner
+    version: str, ask: str, encoding: str | None, connection: str | None, run: Runner
 ) -> None:
     async def test(app: App, srv: Server, port: int) -> None:
-        [(status, headers, body)] = await exchange(port, f"GET /stream HTTP/{version}\r\n\r\n".encode())
+        extra = f"Connection: {ask}\r\n" if ask else ""
+        async with connected(port, f"GET /stream HTTP/{version}\r\n{extra}\r\n".encode()) as (reader, _):
+            status, headers, body = await read_response(reader)
+            closed = connection != "close" or await reader.read() == b""
         assert status == 200 and headers["content-type"] == "text/event-stream"
-        assert headers.get("transfer-encoding", headers.get("connection")) == framing
-        assert body == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"
+        assert headers.get("transfer-encoding") == encoding and headers.get("connection") == connection
+        assert body == b"data: 0\n\ndata: 1\n\ndata: 2\n\n" and closed
 
     run(test)
 
 
 def test_a_client_that_leaves_cancels_its_handler(run: Runner) -> None:
     async def test(app: App, srv: Server, port: int) -> None:
-        _, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"GET /hang HTTP/1.1\r\n\r\n")
-        await writer.drain()
-        await asyncio.sleep(0.1)
-        writer.close()
+        async with connected(port, b"GET /hang HTTP/1.1\r\n\r\n"):
+            await asyncio.sleep(0.1)
         await asyncio.wait_for(app.cancelled.wait(), 2.0)
 
     run(test)
@@ -248,31 +259,26 @@ def test_an_idle_connection_is_closed(monkeypatch: pytest.MonkeyPatch, run: Runn
     monkeypatch.setattr(server_mod, "KEEPALIVE_S", 0.2)
 
     async def test(app: App, srv: Server, port: int) -> None:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"GET /echo HTTP/1.1\r\n\r\n")
-        assert (await read_response(reader))[0] == 200
-        assert await asyncio.wait_for(reader.read(), 2.0) == b""
-        writer.close()
+        async with connected(port, b"GET /echo HTTP/1.1\r\n\r\n") as (reader, _):
+            assert (await read_response(reader))[0] == 200
+            assert await asyncio.wait_for(reader.read(), 2.0) == b""
 
     run(test)
 
 
 def test_stop_lets_a_request_under_way_finish_then_closes(run: Runner) -> None:
     async def test(app: App, srv: Server, port: int) -> None:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"GET /hang HTTP/1.1\r\n\r\n")
-        await writer.drain()
-        await asyncio.sleep(0.1)
-        stopping = asyncio.create_task(srv.stop(grace_s=2.0))
-        await asyncio.sleep(0.1)
-        app.release.set()
-        status, _, body = await read_response(reader)
-        assert status == 200 and json.loads(body) == {"released": True}
-        await stopping
-        assert await reader.read() == b""
+        async with connected(port, b"GET /hang HTTP/1.1\r\n\r\n") as (reader, _):
+            await asyncio.sleep(0.1)
+            stopping = asyncio.create_task(srv.stop(grace_s=2.0))
+            await asyncio.sleep(0.1)
+            app.release.set()
+            status, _, body = await read_response(reader)
+            assert status == 200 and json.loads(body) == {"released": True}
+            await stopping
+            assert await reader.read() == b""
         with pytest.raises(OSError):
             await asyncio.open_connection("127.0.0.1", port)
-        writer.close()
 
     run(test)
 
@@ -280,15 +286,3 @@ def test_stop_lets_a_request_under_way_finish_then_closes(run: Runner) -> None:
 def test_headers_read_in_any_case() -> None:
     h = server_mod.Headers({"x-calroute-slo": "tight"})
     assert h.get("X-Calroute-SLO") == "tight" and "X-CALROUTE-SLO" in h and h.get("other", 1) == 1
-
-
-def test_a_stream_to_a_client_that_asked_for_close_says_so_and_closes(run: Runner) -> None:
-    async def test(app: App, srv: Server, port: int) -> None:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"GET /stream HTTP/1.1\r\nConnection: close\r\n\r\n")
-        status, headers, body = await read_response(reader)
-        assert headers["transfer-encoding"] == "chunked" and headers["connection"] == "close"
-        assert body.count(b"data: ") == 3 and await reader.read() == b""
-        writer.close()
-
-    run(test)
