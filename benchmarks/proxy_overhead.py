@@ -33,10 +33,12 @@ no error event), and the emulator's and vllm-router's logs are checked for faile
 2. Sustainable rate, per mode: offered rate from 10 req/s, x1.5 per step, each step ``--duration-s``
    (10 s) of Poisson arrivals; after the first failure, x1.5^(1/3) steps from the last sustained rate
    (about 15 % resolution). The modes' steps are interleaved (one step of each mode per round), so drifts
-   in the machine's load hit them alike. A step is sustained when every request completes without error,
-   the achieved rate (completions / (last completion - step start - the mode's unloaded p50 latency)) is
-   at least 95 % of the offered rate (requests scheduled / duration), and p99 TTFT is under the bound. A
-   failing step is run once more before it counts.
+   in the machine's load hit them alike, and every mode gets the same arrival schedule at a given rate
+   (common random numbers; the retry of a failed step gets another, again the same for every mode). A
+   step is sustained when every request completes without error, the achieved rate (completions / (last
+   completion - step start - the mode's unloaded p50 latency)) is at least 95 % of the offered rate
+   (requests scheduled / duration), and p99 TTFT is under the bound. A failing step is run once more
+   before it counts.
 3. Added TTFT at half of ``direct``'s sustainable rate, the same rate for every mode: ``--requests``
    (8,000) per mode in ``--rounds`` (8) rounds, mode order rotated, each round after 2 s of discarded
    warm-up at the rate. Within a round every mode gets the same arrival schedule (common random numbers),
@@ -628,23 +630,30 @@ class RampState:
             self.done = True
 
 
+def step_arrivals(seed: int, rate: float, duration_s: float, retry: bool) -> list[float]:
+    """A ramp step's arrival schedule: the same for every mode at a given rate and try (common random
+    numbers). Near saturation, p99 TTFT depends on the arrivals' bursts more than on anything else, so
+    with a schedule of its own each mode's last steps were a draw of its own luck."""
+    return poisson(rate, duration_s, random.Random(f"{seed}/{rate:.3f}/{int(retry)}"))
+
+
 def ramp(
     bench: Bench, modes: list[str], duration_s: float, e2e0_s: dict[str, float], bound_s: float, seed: int
 ) -> dict[str, dict[str, Any]]:
     """Every mode's rate search, interleaved: each round runs the next step of every mode not yet done,
     each step with its proxy started afresh, so slow drifts in the machine's load hit all modes alike."""
-    rng = random.Random(seed)
     states = [RampState(m) for m in modes]
     warnings = {m: 0 for m in modes}
 
     async def step(st: RampState) -> dict[str, Any]:
+        arrivals = step_arrivals(seed, st.rate, duration_s, st.retrying)
         with bench.serving(st.mode) as target:
             async with new_session() as s:  # the proxy's first requests, and ours, are not measured
                 await run_sequential(s, target, 3, bench.salts)
             meter = bench.meter(target)
             async with new_session() as s:
                 meter.start()
-                outs, t0 = await run_schedule(s, target, poisson(st.rate, duration_s, rng), bench.salts)
+                outs, t0 = await run_schedule(s, target, arrivals, bench.salts)
                 used = meter.stop()
         res = summarize_step(outs, t0, st.rate, duration_s, e2e0_s[st.mode], bound_s)
         res["cpu"] = cpu_summary(used, len(outs))
