@@ -59,9 +59,11 @@ CPU per request is reported per part (engines, proxy, client), and the cores use
 the machine ("others": this VM is shared with other jobs, which were running during the recorded runs).
 The machine has 2 cores shared by the engines, the proxy and the client: sustainable rates are those of
 the whole system, not of a proxy alone. With 1P+1D the emulated prefill GPU saturates first (about 110
-req/s of 128-token prompts, whatever the proxy); ``--prefill 4 --decode 2`` moves the limit to the CPU,
-where a proxy's own cost shows. ``direct``'s client makes two HTTP requests per request where a proxy's
-client makes one, so the baseline's client costs a little more CPU.
+req/s of 128-token prompts, whatever the proxy); with ``--prefill 4 --decode 2`` the emulated engines
+still set the limit (every mode, ``direct`` included, completes about 460 req/s however many are offered,
+with a quarter of the cores idle), and a proxy's own cost shows in its added latency under load and its CPU
+per request. ``direct``'s client makes two HTTP requests per request where a proxy's client makes one, so
+the baseline's client costs a little more CPU.
 
 Targets (issue): added p50 < 1 ms and p99 < 5 ms at half the sustainable rate; sustainable rate not below
 vllm-router's. Baseline in the same run: ``direct`` (no proxy); comparison: vllm-router.
