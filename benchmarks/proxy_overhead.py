@@ -96,7 +96,13 @@ import numpy as np
 
 from calroute import aio
 from calroute.engines.launch import LaunchedCluster, up_emulated
-from calroute.engines.procs import free_port, start_process_group, stop_process_group, wait_http_ready
+from calroute.engines.procs import (
+    free_port,
+    start_process_group,
+    stop_on_sigterm,
+    stop_process_group,
+    wait_http_ready,
+)
 from calroute.engines.tokens import text_of_tokens
 from calroute.proxy.pd import PREFILL_KV_PARAMS
 
@@ -1007,6 +1013,7 @@ def print_table(result: dict[str, Any]) -> None:
 
 
 def main() -> None:
+    stop_on_sigterm()  # a timeout or kill stops the engines and proxies this started, too
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prefill", type=int, default=1)
     ap.add_argument("--decode", type=int, default=1)

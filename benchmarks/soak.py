@@ -28,7 +28,13 @@ from typing import Any
 
 from calroute import aio
 from calroute.engines.launch import up_emulated
-from calroute.engines.procs import free_port, start_process_group, stop_process_group, wait_http_ready
+from calroute.engines.procs import (
+    free_port,
+    start_process_group,
+    stop_on_sigterm,
+    stop_process_group,
+    wait_http_ready,
+)
 from calroute.harness.loadgen import drive
 from calroute.records import read_records
 from calroute.workload.families import generate_family
@@ -155,6 +161,7 @@ class FaultSchedule(threading.Thread):
 
 
 def main() -> None:
+    stop_on_sigterm()  # a timeout or kill stops the engines and proxies this started, too
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration-s", type=float, default=600.0)
     ap.add_argument("--rate", type=float, default=10.0, help="requests/s (mixed-bursty mean rate)")

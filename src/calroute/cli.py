@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import signal
 import sys
 from enum import Enum
 from pathlib import Path
-from types import FrameType
 from typing import Annotated, Any
 
 import typer
@@ -30,6 +28,7 @@ from calroute.costmodel.profiles import (
     profile_from_calibration,
     profile_names,
 )
+from calroute.engines.procs import stop_on_sigterm
 from calroute.errors import CalrouteError, ConfigError
 from calroute.policies import policy_names
 from calroute.saturation import Probe
@@ -316,17 +315,7 @@ def demo(
         raise typer.Exit(2) from e
 
 
-def _terminate_as_interrupt(signum: int, frame: FrameType | None) -> None:
-    # A scheduler, a CI timeout or `kill` stops a job with SIGTERM, whose default action skips every `finally`
-    # and leaves the engines and proxies the job started running in their own process groups. Handled as
-    # Ctrl-C instead (asyncio's runner cancels its main task on SIGINT), the job stops what it started. A job
-    # started with `&` from a script has SIGINT ignored, so SIGINT's default handler comes back first.
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.raise_signal(signal.SIGINT)
-
-
 def main() -> None:
     # Long-running subcommands that serve (`serve`, `engines emulate`) install their own SIGTERM handlers.
-    signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    stop_on_sigterm()
     app()

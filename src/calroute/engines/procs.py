@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
+from types import FrameType
 
 from calroute.errors import CalrouteError
 
@@ -125,6 +126,23 @@ def _wait_group_gone(pgid: int, timeout_s: float) -> bool:
             return False
         time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
     return True
+
+
+def stop_on_sigterm() -> None:
+    """From now on, handle SIGTERM as Ctrl-C, so that ``finally`` blocks stop what the process started.
+
+    A scheduler, a CI timeout or ``kill`` stops a job with SIGTERM, whose default action skips every
+    ``finally`` and leaves the engines and proxies the job started running in their own process groups.
+    Handled as Ctrl-C instead (asyncio's runner cancels its main task on SIGINT), the job stops them. A job
+    started with ``&`` from a script has SIGINT ignored, so SIGINT's default handler comes back first.
+    """
+    signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+
+
+def _terminate_as_interrupt(signum: int, frame: FrameType | None) -> None:
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.raise_signal(signal.SIGINT)
 
 
 def stop_process_group(pgid: int, timeout_s: float = 10.0) -> None:

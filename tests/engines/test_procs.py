@@ -1,0 +1,42 @@
+"""stop_on_sigterm: a job killed with SIGTERM still runs its ``finally`` blocks (where it stops the engines
+and proxies it started), also when a script started it with ``&``, which ignores SIGINT in it."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+JOB = """
+import signal, sys, time
+from calroute.engines.procs import stop_on_sigterm
+if sys.argv[1] == "sigint-ignored":
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+stop_on_sigterm()
+try:
+    print("ready", flush=True)
+    time.sleep(30)
+finally:
+    open(sys.argv[2], "w").write("stopped what it started")
+"""
+
+
+@pytest.mark.parametrize("how", ["foreground", "sigint-ignored"])
+def test_sigterm_runs_the_finally_blocks(tmp_path: Path, how: str) -> None:
+    marker = tmp_path / "cleanup"
+    job = subprocess.Popen(
+        [sys.executable, "-c", JOB, how, str(marker)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        assert job.stdout is not None and job.stdout.readline() == b"ready\n"
+        job.send_signal(signal.SIGTERM)
+        _, stderr = job.communicate(timeout=10)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait(timeout=5)
+    assert marker.read_text() == "stopped what it started"
+    assert b"KeyboardInterrupt" in stderr  # it ended as Ctrl-C would, not silently by the signal
