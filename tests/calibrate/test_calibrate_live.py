@@ -55,7 +55,9 @@ CURVE_TERM_TOLERANCE = 0.5
 MAX_STREAM_OVERHEAD_S = 30e-6
 MAX_REQUEST_OVERHEAD_S = 0.015  # a sanity bound, so the overhead correction cannot hide a gross error
 OVERHEAD_PROMPT_TOKENS = 32
-ATTEMPTS = 2
+# Other jobs on a shared machine stretch the emulated steps while they run (a CI run on 2026-12-01 missed
+# twice in a row, by +10 and +20 % on tau_dec_s, and passed when run again a minute later).
+ATTEMPTS = 3
 MIN_PREFILL_R2_HELD_OUT = 0.99
 
 
