@@ -23,7 +23,7 @@ import aiohttp
 
 from calroute.costmodel.profiles import get_profile
 from calroute.engines.launch import up_emulated
-from calroute.engines.procs import stop_on_sigterm
+from calroute.engines.procs import run_script
 from calroute.engines.tokens import text_of_tokens
 
 PROMPT_TOKENS = 256
@@ -110,7 +110,6 @@ def measure(engines: int, time_scale: float, stream_interval: int) -> list[dict[
 
 
 def main() -> None:
-    stop_on_sigterm()  # a timeout or kill stops the engines and proxies this started, too
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engines", type=int, default=4)
     ap.add_argument("--json", action="store_true")
@@ -131,4 +130,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)  # a timeout or kill stops the engines and proxies this started, too

@@ -30,8 +30,8 @@ from calroute import aio
 from calroute.engines.launch import up_emulated
 from calroute.engines.procs import (
     free_port,
+    run_script,
     start_process_group,
-    stop_on_sigterm,
     stop_process_group,
     wait_http_ready,
 )
@@ -165,7 +165,6 @@ class FaultSchedule(threading.Thread):
 
 
 def main() -> None:
-    stop_on_sigterm()  # a timeout or kill stops the engines and proxies this started, too
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration-s", type=float, default=600.0)
     ap.add_argument("--rate", type=float, default=10.0, help="requests/s (mixed-bursty mean rate)")
@@ -275,4 +274,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)  # a timeout or kill stops the engines and proxies this started, too

@@ -5,7 +5,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from benchmarks.proxy_overhead import bootstrap_paired_diff, bootstrap_rounds_diff
+from benchmarks.proxy_overhead import (
+    Outcome,
+    added_ttft,
+    bootstrap_paired_diff,
+    bootstrap_rounds_diff,
+    targets,
+)
 
 
 def _rounds(offsets_s: list[float], n: int, seed: int) -> list[tuple[list[float], list[float]]]:
@@ -45,3 +51,47 @@ def test_one_round_gives_no_interval() -> None:
     assert math.isnan(lo) and math.isnan(hi)
     lo, hi = bootstrap_rounds_diff(_rounds([0.001], 100, seed=3) + [([], [])], 50, np.random.default_rng(0))
     assert math.isnan(lo) and math.isnan(hi)
+
+
+def _outcomes(ttfts_s: list[float]) -> list[Outcome]:
+    return [Outcome(scheduled_s=float(i), sent_s=float(i), ttft_s=t) for i, t in enumerate(ttfts_s)]
+
+
+def test_a_round_disturbed_in_either_mode_is_left_out_of_the_added_ttft() -> None:
+    """A round where other jobs slowed ``direct`` would flatter the proxy by their delay: left out, the
+    added TTFT is the proxy's own (1 ms), with every round's own figure still reported."""
+    rounds = _rounds([0.001] * 6, 200, seed=4)
+    base = [_outcomes(b) for _, b in rounds]
+    mine = [_outcomes(a) for a, _ in rounds]
+    base[2] = _outcomes([x + 0.5 for _, b in rounds[2:3] for x in b])  # direct, beside other jobs
+    mine[4] = _outcomes([x + 0.2 for a, _ in rounds[4:5] for x in a])  # the proxy, beside other jobs
+    base_rounds = [{"round": k + 1, "disturbed": k == 2} for k in range(6)]
+    my_rounds = [{"round": k + 1, "disturbed": k == 4} for k in range(6)]
+    row = added_ttft(mine, my_rounds, base, base_rounds, np.random.default_rng(0))
+    assert row["rounds_compared"] == 4 and row["pairs"] == 800
+    for q in (50, 99):
+        assert math.isclose(row[f"added_p{q}_ms"], 1.0, abs_tol=1e-9)
+        assert math.isclose(row[f"added_p{q}_ci95_ms"][0], 1.0, abs_tol=1e-9)
+    assert math.isclose(my_rounds[2]["added_p50_ms"], -499.0, abs_tol=1e-6)
+    assert math.isclose(my_rounds[4]["added_p50_ms"], 201.0, abs_tol=1e-6)
+
+
+def test_the_targets_are_not_judged_on_fewer_than_half_the_rounds() -> None:
+    rounds = _rounds([0.001] * 4, 100, seed=5)
+    base = [_outcomes(b) for _, b in rounds]
+    mine = [_outcomes(a) for a, _ in rounds]
+    my_rounds = [{"round": k + 1, "disturbed": k > 0} for k in range(4)]
+    base_rounds = [{"round": k + 1, "disturbed": False} for k in range(4)]
+    row = added_ttft(mine, my_rounds, base, base_rounds, np.random.default_rng(0))
+    row["rounds"] = my_rounds
+    verdicts = targets({"at_rate": [{"rate": 220.0, "modes": {"calroute": row}}]})
+    assert verdicts == {
+        "added p50 < 1 ms at 220.0 req/s": "not judged: only 1 of 4 rounds undisturbed in both modes",
+        "added p99 < 5 ms at 220.0 req/s": "not judged: only 1 of 4 rounds undisturbed in both modes",
+    }
+    my_rounds[1]["disturbed"] = False
+    row = added_ttft(mine, my_rounds, base, base_rounds, np.random.default_rng(0))
+    row["rounds"] = my_rounds
+    verdicts = targets({"at_rate": [{"rate": 220.0, "modes": {"calroute": row}}]})
+    assert verdicts["added p50 < 1 ms at 220.0 req/s"].startswith("missed: +1.00 ms")  # 1 is not under 1
+    assert verdicts["added p99 < 5 ms at 220.0 req/s"].startswith("met: +1.00 ms")

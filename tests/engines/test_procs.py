@@ -1,5 +1,6 @@
 """stop_on_sigterm: a job killed with SIGTERM still runs its ``finally`` blocks (where it stops the engines
-and proxies it started), also when a script started it with ``&``, which ignores SIGINT in it."""
+and proxies it started), also when a script started it with ``&``, which ignores SIGINT in it; run_script
+ends such a script with one line and status 130."""
 
 from __future__ import annotations
 
@@ -40,3 +41,34 @@ def test_sigterm_runs_the_finally_blocks(tmp_path: Path, how: str) -> None:
             job.wait(timeout=5)
     assert marker.read_text() == "stopped what it started"
     assert b"KeyboardInterrupt" in stderr  # it ended as Ctrl-C would, not silently by the signal
+
+
+SCRIPT = """
+import sys, time
+from calroute.engines.procs import run_script
+def main():
+    try:
+        print("ready", flush=True)
+        time.sleep(30)
+    finally:
+        open(sys.argv[1], "w").write("stopped what it started")
+run_script(main)
+"""
+
+
+def test_a_script_killed_ends_with_one_line_and_status_130(tmp_path: Path) -> None:
+    marker = tmp_path / "cleanup"
+    job = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT, str(marker)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        assert job.stdout is not None and job.stdout.readline() == b"ready\n"
+        job.send_signal(signal.SIGTERM)
+        _, stderr = job.communicate(timeout=10)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait(timeout=5)
+    assert marker.read_text() == "stopped what it started"
+    assert job.returncode == 130
+    assert stderr.decode().strip() == "interrupted: the engines and proxies it started are stopped"

@@ -11,10 +11,11 @@ import random
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
 
@@ -137,6 +138,18 @@ def stop_on_sigterm() -> None:
     started with ``&`` from a script has SIGINT ignored, so SIGINT's default handler comes back first.
     """
     signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+
+
+def run_script(main: Callable[[], None]) -> None:
+    """Run a script's ``main`` with SIGTERM handled as Ctrl-C (stop_on_sigterm). An interruption ends it with
+    one line and status 130, as a shell reports Ctrl-C: its ``finally`` blocks have already stopped what it
+    started, and a traceback through the event loop would only hide that."""
+    stop_on_sigterm()
+    try:
+        main()
+    except KeyboardInterrupt:
+        print("interrupted: the engines and proxies it started are stopped", file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
 
 
 def _terminate_as_interrupt(signum: int, frame: FrameType | None) -> None:
