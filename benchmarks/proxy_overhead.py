@@ -50,6 +50,8 @@ no error event), and the emulator's and vllm-router's logs are checked for faile
    differs from ``direct``'s, this is repeated at half of the proxy's own rate, with ``direct`` beside it.
    A latency target counts as met only when its whole 95 % interval is under the limit, missed when all
    of it is over, and "not resolved" otherwise. Each round's p50, p99 and added p50/p99 are reported too.
+   With ``--log-dir``, every round's requests (every try, its disturbance and whether it counted) are kept
+   in requests.jsonl there, for analysis afterwards.
 
 Other jobs share this VM and come in bursts. A failed ramp step during which they used more than 0.25 cores,
 or a fixed-rate round during which they did or the client's send lag p99 passed 20 ms, is set aside
@@ -186,7 +188,12 @@ def main() -> None:
     )
     ap.add_argument("--no-vllm-router", action="store_true", help="measure direct and calroute only")
     ap.add_argument("--quick", action="store_true", help="smoke run: 3 s steps, 200 requests, 2 rounds")
-    ap.add_argument("--log-dir", type=Path, help="keep engine and proxy logs here (default: a temp dir)")
+    ap.add_argument(
+        "--log-dir",
+        type=Path,
+        help="keep the engine and proxy logs here, and requests.jsonl: every fixed-rate round's requests, "
+        "one line per mode, round and try (default: a temporary directory, deleted at the end)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()

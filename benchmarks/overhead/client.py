@@ -35,6 +35,21 @@ class Outcome:
     error: str | None = None
 
 
+def as_columns(outs: list[Outcome]) -> dict[str, list[Any]]:
+    """A round's requests as columns for its line in requests.jsonl (ms; None where a request failed)."""
+
+    def ms(x: float) -> float | None:
+        return None if math.isnan(x) else round(x * 1e3, 3)
+
+    return {
+        "scheduled_s": [round(o.scheduled_s, 6) for o in outs],
+        "send_lag_ms": [ms(o.sent_s - o.scheduled_s) for o in outs],
+        "ttft_ms": [ms(o.ttft_s) if o.error is None else None for o in outs],
+        "e2e_ms": [ms(o.done_s - o.scheduled_s) if o.error is None else None for o in outs],
+        "error": [o.error for o in outs],
+    }
+
+
 @dataclass
 class Target:
     """Where a mode sends its requests: a proxy URL, or the engines themselves (``direct``)."""

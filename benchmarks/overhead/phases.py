@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import random
 import sys
@@ -12,7 +13,15 @@ from typing import Any
 import numpy as np
 
 from benchmarks.overhead.bench import Bench
-from benchmarks.overhead.client import Outcome, new_session, poisson, poisson_n, run_schedule, run_sequential
+from benchmarks.overhead.client import (
+    Outcome,
+    as_columns,
+    new_session,
+    poisson,
+    poisson_n,
+    run_schedule,
+    run_sequential,
+)
 from benchmarks.overhead.cpu import cores_text, cpu_summary
 from benchmarks.overhead.method import (
     ACHIEVED_MIN,
@@ -251,7 +260,13 @@ def fixed_rate(
                     f"  rate {rate:.1f} round {k + 1}/{rounds} {mode}: p50 {pct(t, 50) * 1e3:.1f} "
                     f"p99 {pct(t, 99) * 1e3:.1f} ms, lag99 {lag * 1e3:.1f} ms, others {others:.2f} cores"
                 )
-                if (others > OTHERS_LIMIT_CORES or lag > LAG_LIMIT_S) and attempt < MAX_REDO:
+                disturbed = others > OTHERS_LIMIT_CORES or lag > LAG_LIMIT_S
+                again = disturbed and attempt < MAX_REDO
+                with (bench.log_dir / "requests.jsonl").open("a") as log:
+                    head = {"rate": rate, "round": k + 1, "mode": mode, "attempt": attempt + 1}
+                    head |= {"others_cores": others, "disturbed": disturbed, "counted": not again}
+                    log.write(json.dumps(head | as_columns(got)) + "\n")
+                if again:
                     print(line + " (disturbed: run again)", file=sys.stderr, flush=True)
                     set_aside[mode].append(
                         {
@@ -263,7 +278,6 @@ def fixed_rate(
                         }
                     )
                     continue
-                disturbed = others > OTHERS_LIMIT_CORES or lag > LAG_LIMIT_S
                 print(line + (" (disturbed: left out)" if disturbed else ""), file=sys.stderr, flush=True)
                 outs[mode].append(got)
                 round_stats[mode].append(
