@@ -239,14 +239,20 @@ def test_a_short_mixed_run_through_the_proxy(cluster: ClusterFile, tmp_path: Pat
     # The proxy runs in a thread of this process, so its work sits between the load generator's sends (the
     # GIL switches every 5 ms): the schedule is held to 50 ms here, not the 10 ms default that a load
     # generator in its own process keeps (the bound itself is tested above). A run that other processes on
-    # this shared VM pushed past it is run again, with a fresh proxy, up to 3 in all.
+    # this shared VM pushed past it is run again, with a fresh proxy, up to 3 in all, and with other prompts:
+    # the engines keep the first run's prefixes cached, and a cached prompt's TTFT is under its prefill time.
     late: list[dict[str, Any]] = []
     for attempt in range(3):
         cfg = ProxyConfig(cluster=cluster, calibration=CAL, log_path=tmp_path / f"proxy-{attempt}.jsonl")
         with RunningProxy(cfg) as proxy:
             result = asyncio.run(
                 drive(
-                    proxy.url, reqs, cluster.model, policy="marginal_cost", prompt_seed=3, max_lateness_s=0.05
+                    proxy.url,
+                    reqs,
+                    cluster.model,
+                    policy="marginal_cost",
+                    prompt_seed=3 + attempt,
+                    max_lateness_s=0.05,
                 )
             )
         if result.valid:
