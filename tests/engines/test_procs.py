@@ -25,12 +25,9 @@ finally:
 """
 
 
-@pytest.mark.parametrize("how", ["foreground", "sigint-ignored"])
-def test_sigterm_runs_the_finally_blocks(tmp_path: Path, how: str) -> None:
-    marker = tmp_path / "cleanup"
-    job = subprocess.Popen(
-        [sys.executable, "-c", JOB, how, str(marker)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
+def _terminated_when_ready(*argv: str) -> tuple[int, bytes]:
+    """Run ``python -c argv...``, SIGTERM it once it prints "ready"; its status and stderr (10 s at most)."""
+    job = subprocess.Popen([sys.executable, "-c", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert job.stdout is not None and job.stdout.readline() == b"ready\n"
         job.send_signal(signal.SIGTERM)
@@ -39,6 +36,13 @@ def test_sigterm_runs_the_finally_blocks(tmp_path: Path, how: str) -> None:
         if job.poll() is None:
             job.kill()
             job.wait(timeout=5)
+    return job.returncode, stderr
+
+
+@pytest.mark.parametrize("how", ["foreground", "sigint-ignored"])
+def test_sigterm_runs_the_finally_blocks(tmp_path: Path, how: str) -> None:
+    marker = tmp_path / "cleanup"
+    _, stderr = _terminated_when_ready(JOB, how, str(marker))
     assert marker.read_text() == "stopped what it started"
     assert b"KeyboardInterrupt" in stderr  # it ended as Ctrl-C would, not silently by the signal
 
@@ -58,17 +62,7 @@ run_script(main)
 
 def test_a_script_killed_ends_with_one_line_and_status_130(tmp_path: Path) -> None:
     marker = tmp_path / "cleanup"
-    job = subprocess.Popen(
-        [sys.executable, "-c", SCRIPT, str(marker)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
-    try:
-        assert job.stdout is not None and job.stdout.readline() == b"ready\n"
-        job.send_signal(signal.SIGTERM)
-        _, stderr = job.communicate(timeout=10)
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.wait(timeout=5)
+    returncode, stderr = _terminated_when_ready(SCRIPT, str(marker))
     assert marker.read_text() == "stopped what it started"
-    assert job.returncode == 130
+    assert returncode == 130
     assert stderr.decode().strip() == "interrupted: the engines and proxies it started are stopped"
