@@ -51,7 +51,8 @@ no error event), and the emulator's and vllm-router's logs are checked for faile
    A latency target counts as met only when its whole 95 % interval is under the limit, missed when all
    of it is over, and "not resolved" otherwise. Each round's p50, p99 and added p50/p99 are reported too.
    With ``--log-dir``, every round's requests (every try, its disturbance and whether it counted) are kept
-   in requests.jsonl there, for analysis afterwards.
+   in requests.jsonl there, for analysis afterwards: ``python -m benchmarks.overhead.bursts
+   DIR/requests.jsonl`` tells, per round, whether the pairs a mode lost were spread or one burst.
 
 Other jobs share this VM and come in bursts. A failed ramp step during which they used more than 0.25 cores,
 or a fixed-rate round during which they did or the client's send lag p99 passed 20 ms, is set aside
