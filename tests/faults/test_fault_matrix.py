@@ -3,7 +3,9 @@ engine fault the emulator can show. Every admitted request must end in exactly o
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import socket
 import threading
 import time
 import urllib.request
@@ -110,6 +112,72 @@ def test_a_stream_gets_its_head_with_the_decode_engines_and_an_error_event_if_ev
     assert text.rstrip().endswith("data: [DONE]") and text.count("data: ") == 2, text
     (rec,) = one_record_each(p, 1)
     assert rec.status is RequestStatus.FAILED and rec.first_token_s is None
+
+
+class EmptyStreamEngine:
+    """A decode engine that answers every request with a stream's head and an empty body (the end of the
+    chunked body at once), then closes: nothing for the proxy to relay."""
+
+    def __init__(self) -> None:
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
+        self.posts = 0
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return  # closed
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data and (chunk := conn.recv(65536)):
+                    data += chunk
+                head, _, rest = data.partition(b"\r\n\r\n")
+                length = next(
+                    (
+                        int(line.split(b":")[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    ),
+                    0,
+                )
+                while len(rest) < length and (chunk := conn.recv(65536)):
+                    rest += chunk
+                self.posts += head.startswith(b"POST")
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+                    b"Connection: close\r\n\r\n0\r\n\r\n"
+                )
+
+    def close(self) -> None:
+        self._server.close()
+
+
+def test_a_decode_stream_that_ends_before_any_piece_is_retried_on_another_decode_engine(
+    fresh_cluster: Callable[..., ClusterFile], proxy_for: Callable[..., RunningProxy]
+) -> None:
+    cluster = fresh_cluster()
+    fake = EmptyStreamEngine()
+    try:
+        engines = tuple(
+            dataclasses.replace(e, url=fake.url) if e.id == cluster.decode[0].id else e
+            for e in cluster.engines
+        )
+        p = proxy_for(dataclasses.replace(cluster, engines=engines), policy="round_robin", **FAST)
+        for _ in range(2):  # round-robin: one of the two goes to the empty engine first
+            status, events = stream(f"{p.url}/v1/completions", body(stream=True), timeout_s=30)
+            assert status == 200 and events[-1] == "[DONE]"
+            assert sum(len(e["choices"]) for e in events[:-1]) == 8 and not any(
+                "error" in e for e in events[:-1]
+            )
+        assert fake.posts == 1
+        recs = one_record_each(p, 2)
+        assert all(r.status is RequestStatus.OK and r.decode_id == cluster.decode[1].id for r in recs)
+    finally:
+        fake.close()
 
 
 @pytest.mark.parametrize("streamed", [False, True])

@@ -318,9 +318,10 @@ class Proxy:
     ) -> Response | Stream:
         """Relay the decode engine's SSE stream (relay.py). The response head goes to the client as soon
         as the decode engine's own does, as vLLM sends it, so that the client has read it before the first
-        token comes. The first piece is awaited here: until it comes, a failure is the engine's and the
-        caller retries elsewhere, into the same response. The rest goes from the engine connection's data
-        callback straight to the client.
+        token comes. Every piece, the first included, goes from the engine connection's data callback
+        straight to the client: the first token does not wait for this task to wake (under load, behind the
+        other streams' pieces of the same loop turn). Until a first piece comes, a failure is the engine's
+        and the caller retries elsewhere, into the same response.
 
         Two sides can fail after that and they mean different things: a read from the engine that breaks
         is the engine's fault (out of routing); a write to the client that breaks is the client leaving
@@ -332,20 +333,18 @@ class Proxy:
             except ConnectionError as e:
                 raise self._client_gone(f) from e
         resp = f.stream
-        first = await r.next_part()
-        if first is None:
-            raise EngineFailed(f.decode_id or "", "decode", "empty response")
         relay = StreamRelay(
             client_wants_usage, self.now, lambda now: self.router.first_token(f.request_id, now)
         )
         try:
-            await self._to_client(f, resp.write(relay.events(first)))
-            if resp.transport.is_closing():
-                raise self._client_gone(f)
             relay.attach(resp.transport, resp.chunked, r)
             try:
                 await r.relay(relay.piece)
+                if not relay.started:
+                    raise EngineFailed(f.decode_id or "", "decode", "empty response")
             except (UpstreamError, TimeoutError) as e:
+                if not relay.started:
+                    raise  # nothing reached the client: the caller retries on another decode engine
                 error = f"decode engine {f.decode_id} broke off the stream: {type(e).__name__}"
                 self.signals.mark_failed(f.decode_id or "", error)
                 self.metrics.engine_errors.labels(f.decode_id or "").inc()

@@ -2,10 +2,9 @@
 
 The relay forwards whole network reads (one write per read, not per line) and looks only at what the router
 needs (sse.scan): the first content event, the usage event (kept only if the client asked for it), an error.
-After the first piece, which the handler writes through the response (server.Stream), every piece is written
-to the client's transport from the event loop's callback, framed as the response is (chunked for HTTP/1.1,
-as is for 1.0): no task wakes per event. A client that reads slower than the engine writes pauses the engine
-connection.
+Every piece, the first included, is written to the client's transport from the event loop's callback, framed
+as the response is (chunked for HTTP/1.1, as is for 1.0): no task wakes per event. A client that reads slower
+than the engine writes pauses the engine connection.
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ class StreamRelay:
         self.output_tokens: int | None = None
         self.error: str | None = None
         self.client_gone = False
+        self.started = False  # a piece has come: from then on a failure is no longer retried elsewhere
         self.pending = b""  # an event cut across reads; what is left at the end goes out as is
         self._transport: asyncio.Transport | None = None
         self._chunked = True
@@ -66,6 +66,7 @@ class StreamRelay:
 
     def piece(self, piece: bytes) -> bool:
         """The data callback: False once the client has gone (the relay stops)."""
+        self.started = True
         events = self.events(piece)
         if not events:
             return True
