@@ -173,7 +173,8 @@ def test_a_decode_stream_that_ends_before_any_piece_is_retried_on_another_decode
             assert sum(len(e["choices"]) for e in events[:-1]) == 8 and not any(
                 "error" in e for e in events[:-1]
             )
-        assert fake.posts == 1
+        # at least one went to the empty engine (a health probe can bring it back for the other one too)
+        assert fake.posts >= 1
         recs = one_record_each(p, 2)
         assert all(r.status is RequestStatus.OK and r.decode_id == cluster.decode[1].id for r in recs)
     finally:
