@@ -54,8 +54,9 @@ no error event), and the emulator's and vllm-router's logs are checked for faile
    in requests.jsonl there, for analysis afterwards: ``python -m benchmarks.overhead.bursts
    DIR/requests.jsonl`` tells, per round, whether the pairs a mode lost were spread or one burst.
 
-Other jobs share this VM and come in bursts. A failed ramp step during which they used more than 0.25 cores,
-or a fixed-rate round during which they did or the client's send lag p99 passed 20 ms, is set aside
+Other jobs share this VM and come in bursts. A failed ramp step during which they used more than 0.25 cores
+over the step or 0.5 cores in any 0.5 s window of it, or a fixed-rate round during which they did or the
+client's send lag p99 passed 20 ms, is set aside
 (reported, with its figures) and run again, at most 3 times. A ramp step's last run counts whatever it
 shows; a fixed-rate round still disturbed on its last run is reported but left out of the added TTFT of
 every pair of modes it belongs to (a disturbed ``direct`` round would flatter every proxy). With fewer

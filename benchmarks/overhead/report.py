@@ -94,6 +94,8 @@ def print_table(result: dict[str, Any]) -> None:
                 aside_note = (
                     f", disturbed rounds {sum(x.get('disturbed', False) for x in r.get('rounds', []))}"
                 )
+            peaks = [x["others_peak_cores"] for x in r.get("rounds", []) if "others_peak_cores" in x]
+            peak = f" (window peak {max(peaks):.2f})" if peaks else ""
             p50s = [x["ttft_p50_ms"] for x in r.get("rounds", [])]
             spread = f"; round p50s {min(p50s):.1f} .. {max(p50s):.1f}" if p50s else ""
             added = [x["added_p50_ms"] for x in r.get("rounds", []) if "added_p50_ms" in x]
@@ -101,7 +103,7 @@ def print_table(result: dict[str, Any]) -> None:
                 spread += f", round added p50s {min(added):+.2f} .. {max(added):+.2f}"
             print(
                 line
-                + f" {r['send_lag_p99_ms']:6.1f}  {cpu}, {c['others_cores']:.2f}; set aside {aside}"
+                + f" {r['send_lag_p99_ms']:6.1f}  {cpu}, {c['others_cores']:.2f}{peak}; set aside {aside}"
                 + aside_note
                 + spread
             )
