@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -134,9 +136,13 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"requests: {args.requests} is not a file (--log-dir DIR writes DIR/requests.jsonl)")
     with args.requests.open() as f:
         lines = [json.loads(s) for s in f if s.strip()]
-    print(f"pairs one side lost by over {args.over_ms:g} ms (the most in one {args.window_ms:g} ms window):")
-    for r in bursts(lines, args.over_ms, args.window_ms / 1e3):
-        print(line(r), flush=True)
+    head = f"pairs one side lost by over {args.over_ms:g} ms (the most in one {args.window_ms:g} ms window):"
+    try:
+        print(head)
+        for r in bursts(lines, args.over_ms, args.window_ms / 1e3):
+            print(line(r), flush=True)
+    except BrokenPipeError:  # piped into head: stop quietly, and keep Python's exit from writing again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 if __name__ == "__main__":
