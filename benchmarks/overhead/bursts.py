@@ -44,6 +44,9 @@ class RoundBurst:
     proxy_lost: Burst
     direct_lost: Burst
     disturbed: bool
+    # the most cores the rest of the machine used in a 0.5 s window of the proxy's round and of direct's
+    # (None in logs written before it was sampled)
+    others_peak_cores: tuple[float | None, float | None] = (None, None)
 
 
 def counted_rounds(lines: list[dict[str, Any]]) -> dict[Key, dict[str, Any]]:
@@ -98,6 +101,7 @@ def round_burst(direct: dict[str, Any], mode: dict[str, Any], over_ms: float, wi
         proxy_lost=burst(b - a, at_s, column(mode, "send_lag_ms"), over_ms, window_s),
         direct_lost=burst(a - b, at_s, column(direct, "send_lag_ms"), over_ms, window_s),
         disturbed=bool(mode["disturbed"] or direct["disturbed"]),
+        others_peak_cores=(mode.get("others_peak_cores"), direct.get("others_peak_cores")),
     )
 
 
@@ -119,6 +123,9 @@ def _text(b: Burst) -> str:
 
 def line(r: RoundBurst) -> str:
     flag = " (disturbed: left out)" if r.disturbed else ""
+    mine, base = r.others_peak_cores
+    if mine is not None and base is not None:
+        flag = f"; others' peak {mine:.2f} / {base:.2f} cores" + flag
     return (
         f"{r.rate:7.1f} {r.mode:>11} round {r.round:2d}: added p50 {r.added_p50_ms:+6.2f} "
         f"p99 {r.added_p99_ms:+7.1f} ms; lost by the proxy {_text(r.proxy_lost)}, "

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from benchmarks.overhead.bursts import bursts, densest, main, round_burst
+from benchmarks.overhead.bursts import bursts, densest, line, main, round_burst
 
 N = 200
 AT_S = [0.01 * i for i in range(N)]  # one request every 10 ms, the same offsets in both modes
@@ -97,3 +97,22 @@ def test_a_missing_file_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[s
     with pytest.raises(SystemExit):
         main([str(tmp_path / "requests.jsonl")])
     assert "requests.jsonl is not a file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("proxy_peak", "direct_peak", "shown"),
+    [
+        (0.12, 0.81, "others' peak 0.12 / 0.81 cores"),
+        (None, None, None),  # a log written before the peak was sampled
+    ],
+)
+def test_the_others_peak_of_both_rounds_is_shown_when_logged(
+    proxy_peak: float | None, direct_peak: float | None, shown: str | None
+) -> None:
+    direct, proxy = row("direct", with_slow([])), row("calroute", with_slow([]))
+    if direct_peak is not None and proxy_peak is not None:
+        direct["others_peak_cores"], proxy["others_peak_cores"] = direct_peak, proxy_peak
+    r = round_burst(direct, proxy, 50.0, 0.1)
+    assert r.others_peak_cores == (proxy_peak, direct_peak)
+    text = line(r)
+    assert (shown in text) if shown else ("peak" not in text)
