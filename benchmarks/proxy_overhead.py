@@ -55,12 +55,13 @@ no error event), and the emulator's and vllm-router's logs are checked for faile
    DIR/requests.jsonl`` tells, per round, whether the pairs a mode lost were spread or one burst.
 
 Other jobs share this VM and come in bursts. A failed ramp step during which they used more than 0.25 cores
-over the step or 0.5 cores in any 0.5 s window of it, or a fixed-rate round during which they did or the
-client's send lag p99 passed 20 ms, is set aside
-(reported, with its figures) and run again, at most 3 times. A ramp step's last run counts whatever it
-shows; a fixed-rate round still disturbed on its last run is reported but left out of the added TTFT of
-every pair of modes it belongs to (a disturbed ``direct`` round would flatter every proxy). With fewer
-than half the rounds left to compare, the latency targets are "not judged".
+over the step or 0.5 cores in any 0.5 s window of it, or a fixed-rate round during which they used more than
+0.10 cores over the round or 0.25 in any 0.5 s window, or the client's send lag p99 passed 20 ms, is set
+aside (reported, with its figures) and run again, at most 3 times (method.py says why these limits). A
+ramp step's last run counts whatever it shows; a fixed-rate round still disturbed on its last run is
+reported but left out of the added TTFT of every pair of modes it belongs to (a disturbed ``direct`` round
+would flatter every proxy). With fewer than half the rounds left to compare, the latency targets are "not
+judged".
 
 CPU per request is reported per part (engines, proxy, client), and the cores used by everything else on
 the machine ("others": this VM is shared with other jobs, which were running during the recorded runs).

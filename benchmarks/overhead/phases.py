@@ -30,9 +30,11 @@ from benchmarks.overhead.method import (
     LAG_LIMIT_S,
     MAX_RATE,
     MAX_REDO,
-    OTHERS_LIMIT_CORES,
-    OTHERS_PEAK_LIMIT_CORES,
+    ROUND_OTHERS_LIMIT_CORES,
+    ROUND_OTHERS_PEAK_LIMIT_CORES,
     START_RATE,
+    STEP_OTHERS_LIMIT_CORES,
+    STEP_OTHERS_PEAK_LIMIT_CORES,
     WARMUP_S,
     T,
 )
@@ -189,8 +191,8 @@ def ramp(
             disturbed = (
                 not res["sustained"]
                 and (
-                    res["cpu"]["others_cores"] > OTHERS_LIMIT_CORES
-                    or res["cpu"]["others_peak_cores"] > OTHERS_PEAK_LIMIT_CORES
+                    res["cpu"]["others_cores"] > STEP_OTHERS_LIMIT_CORES
+                    or res["cpu"]["others_peak_cores"] > STEP_OTHERS_PEAK_LIMIT_CORES
                 )
                 and st.redos < MAX_REDO
             )
@@ -265,7 +267,11 @@ def fixed_rate(
                     f"p99 {pct(t, 99) * 1e3:.1f} ms, lag99 {lag * 1e3:.1f} ms, others {others:.2f} cores "
                     f"(peak {peak:.2f})"
                 )
-                disturbed = others > OTHERS_LIMIT_CORES or peak > OTHERS_PEAK_LIMIT_CORES or lag > LAG_LIMIT_S
+                disturbed = (
+                    others > ROUND_OTHERS_LIMIT_CORES
+                    or peak > ROUND_OTHERS_PEAK_LIMIT_CORES
+                    or lag > LAG_LIMIT_S
+                )
                 again = disturbed and attempt < MAX_REDO
                 with (bench.log_dir / "requests.jsonl").open("a") as log:
                     head = {"rate": rate, "round": k + 1, "mode": mode, "attempt": attempt + 1}
