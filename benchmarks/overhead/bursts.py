@@ -47,6 +47,8 @@ class RoundBurst:
     # the most cores the rest of the machine used in a 0.5 s window of the proxy's round and of direct's
     # (None in logs written before it was sampled)
     others_peak_cores: tuple[float | None, float | None] = (None, None)
+    # calroute's event-loop timers that fired over 20 ms late in its round: a stall of the proxy itself
+    proxy_loop_late: float | None = None
 
 
 def counted_rounds(lines: list[dict[str, Any]]) -> dict[Key, dict[str, Any]]:
@@ -102,6 +104,7 @@ def round_burst(direct: dict[str, Any], mode: dict[str, Any], over_ms: float, wi
         direct_lost=burst(a - b, at_s, column(direct, "send_lag_ms"), over_ms, window_s),
         disturbed=bool(mode["disturbed"] or direct["disturbed"]),
         others_peak_cores=(mode.get("others_peak_cores"), direct.get("others_peak_cores")),
+        proxy_loop_late=mode.get("proxy_loop_late"),
     )
 
 
@@ -126,6 +129,8 @@ def line(r: RoundBurst) -> str:
     mine, base = r.others_peak_cores
     if mine is not None and base is not None:
         flag = f"; others' peak {mine:.2f} / {base:.2f} cores" + flag
+    if r.proxy_loop_late is not None:
+        flag = f"; proxy loop late > 20 ms: {r.proxy_loop_late:.0f}" + flag
     return (
         f"{r.rate:7.1f} {r.mode:>11} round {r.round:2d}: added p50 {r.added_p50_ms:+6.2f} "
         f"p99 {r.added_p99_ms:+7.1f} ms; lost by the proxy {_text(r.proxy_lost)}, "

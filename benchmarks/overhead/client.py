@@ -146,6 +146,30 @@ async def one_request(s: aiohttp.ClientSession, target: Target, salt: int, out: 
         out.error = f"{type(e).__name__}: {e}"
 
 
+LOOP_LAG_METRIC = "calroute_event_loop_lag_seconds"
+
+
+def late_timers(exposition: str, over_s: float) -> float | None:
+    """How many of calroute's event-loop timers have fired more than ``over_s`` late (a bucket bound of
+    the histogram), from its /metrics text; None if the text has no such histogram or bucket."""
+    count = under = None
+    for line in exposition.splitlines():
+        if line.startswith(f"{LOOP_LAG_METRIC}_count "):
+            count = float(line.rsplit(" ", 1)[1])
+        elif line.startswith(f'{LOOP_LAG_METRIC}_bucket{{le="'):
+            if math.isclose(float(line.split('"')[1]), over_s):
+                under = float(line.rsplit(" ", 1)[1])
+    return None if count is None or under is None else count - under
+
+
+async def proxy_late_timers(s: aiohttp.ClientSession, target: Target, over_s: float) -> float | None:
+    """``late_timers`` of a calroute target so far (None for the other modes: no such metric)."""
+    if target.mode != "calroute":
+        return None
+    async with s.get(f"{target.url}/metrics") as r:
+        return late_timers(await r.text(), over_s) if r.status == 200 else None
+
+
 def new_session() -> aiohttp.ClientSession:
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0),

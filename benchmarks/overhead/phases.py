@@ -19,6 +19,7 @@ from benchmarks.overhead.client import (
     new_session,
     poisson,
     poisson_n,
+    proxy_late_timers,
     run_schedule,
     run_sequential,
 )
@@ -28,6 +29,7 @@ from benchmarks.overhead.method import (
     COARSE_FACTOR,
     FINE_FACTOR,
     LAG_LIMIT_S,
+    LOOP_LATE_S,
     MAX_RATE,
     MAX_REDO,
     ROUND_OTHERS_LIMIT_CORES,
@@ -241,23 +243,26 @@ def fixed_rate(
     set_aside: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     round_stats: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
 
-    async def one(mode: str, k: int) -> tuple[list[Outcome], dict[str, float], float]:
+    async def one(mode: str, k: int) -> tuple[list[Outcome], dict[str, float], float, float | None]:
         warmup, arrivals = schedules[k]
         with bench.serving(mode) as target:
             meter = bench.meter(target)
             async with new_session() as s:
                 await run_schedule(s, target, warmup, bench.salts)
+                late0 = await proxy_late_timers(s, target, LOOP_LATE_S)
                 meter.start()
                 got, _ = await run_schedule(s, target, arrivals, bench.salts)
                 used = meter.stop()
+                late1 = await proxy_late_timers(s, target, LOOP_LATE_S)
         await asyncio.sleep(0.5)
-        return got, used, meter.others_peak_cores
+        late = None if late0 is None or late1 is None else late1 - late0
+        return got, used, meter.others_peak_cores, late
 
     for k in range(rounds):
         for mode in rotated(modes, k):
             for attempt in range(MAX_REDO + 1):
                 before = bench.handoff_warnings()
-                got, used, peak = aio.run(one(mode, k))
+                got, used, peak, late = aio.run(one(mode, k))
                 warnings[mode] += bench.handoff_warnings() - before
                 others = cpu_summary(used, len(got))["others_cores"]
                 lag = pct([o.sent_s - o.scheduled_s for o in got], 99)
@@ -265,7 +270,7 @@ def fixed_rate(
                 line = (
                     f"  rate {rate:.1f} round {k + 1}/{rounds} {mode}: p50 {pct(t, 50) * 1e3:.1f} "
                     f"p99 {pct(t, 99) * 1e3:.1f} ms, lag99 {lag * 1e3:.1f} ms, others {others:.2f} cores "
-                    f"(peak {peak:.2f})"
+                    f"(peak {peak:.2f})" + ("" if late is None else f", proxy loop late > 20 ms {late:.0f}")
                 )
                 disturbed = (
                     others > ROUND_OTHERS_LIMIT_CORES
@@ -275,7 +280,7 @@ def fixed_rate(
                 again = disturbed and attempt < MAX_REDO
                 with (bench.log_dir / "requests.jsonl").open("a") as log:
                     head = {"rate": rate, "round": k + 1, "mode": mode, "attempt": attempt + 1}
-                    head |= {"others_cores": others, "others_peak_cores": peak}
+                    head |= {"others_cores": others, "others_peak_cores": peak, "proxy_loop_late": late}
                     head |= {"disturbed": disturbed, "counted": not again}
                     log.write(json.dumps(head | as_columns(got)) + "\n")
                 if again:
@@ -301,6 +306,7 @@ def fixed_rate(
                         "send_lag_p99_ms": lag * 1e3,
                         "others_cores": others,
                         "others_peak_cores": peak,
+                        "proxy_loop_late": late,
                         "disturbed": disturbed,
                     }
                 )

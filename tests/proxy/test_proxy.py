@@ -262,6 +262,7 @@ def test_proxy_metrics_and_health(cluster: ClusterFile, proxy_for: Callable[...,
     request(f"{p.url}/v1/completions", body(max_tokens=3))
     assert metric(p.url, "calroute_requests_total") == 1
     assert metric(p.url, "calroute_decision_seconds_count") == 1
+    wait_for(lambda: metric(p.url, "calroute_event_loop_lag_seconds_count") >= 1)  # every 0.1 s
     assert metric(p.url, "calroute_engine_healthy") == 4
     wait_for(lambda: metric(p.url, "calroute_signal_age_seconds") < 4 * 0.5)
     assert request(f"{p.url}/health") == (

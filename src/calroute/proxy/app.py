@@ -30,6 +30,7 @@ from calroute.proxy import admin, codec, pd, surface
 from calroute.proxy.config import ENGINE_KEEPALIVE_S, SLOW_STEPS_PER_TOKEN, ProxyConfig
 from calroute.proxy.errors import ClientGone, EngineFailed, json_error
 from calroute.proxy.flight import Flight, Invalid, board
+from calroute.proxy.looplag import LoopLag
 from calroute.proxy.metrics import ProxyMetrics
 from calroute.proxy.prompt_length import PromptLength
 from calroute.proxy.relay import StreamRelay
@@ -80,6 +81,7 @@ class Proxy:
             poll_metrics=self._reads_samples(),
         )
         self.metrics = ProxyMetrics(self._live, self._prices)
+        self._loop_lag = LoopLag(self.metrics.loop_lag.observe)
         self.prompt_length = PromptLength()
         self.urls = {e.id: e.url for e in cfg.cluster.engines}
         # Client traffic only: the polls and probes keep connections of their own (signals.py).
@@ -139,12 +141,14 @@ class Proxy:
             self._decision_stream = self.cfg.decision_log_path.open("a", buffering=1)
             self.router.on_decision = DecisionLog(self._decision_stream)
         self.signals.start()
+        self._loop_lag.start()
         return await self._server.start(host, port)
 
     async def stop(self) -> None:
         """Stop listening, let requests under way finish (briefly), close engines' connections and logs."""
         await self._server.stop()
         await self.signals.stop()
+        self._loop_lag.stop()
         for endpoint in self._endpoints.values():
             endpoint.close()
         for stream in (self._log, self._decision_stream):

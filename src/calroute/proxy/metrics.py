@@ -11,6 +11,7 @@ from prometheus_client.registry import Collector
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.175, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
 _TPOT_BUCKETS_S = (0.005, 0.01, 0.02, 0.03, 0.04, 0.06, 0.08, 0.12, 0.2, 0.5, 1.0)
 _DECISION_BUCKETS_S = (1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 5e-3)
+_LOOP_LAG_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
 
 
 class _LiveCollector(Collector):
@@ -84,6 +85,12 @@ class ProxyMetrics:
             "calroute_decision_seconds",
             "Time to predict, build the view and run the policy.",
             buckets=_DECISION_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.loop_lag = Histogram(
+            "calroute_event_loop_lag_seconds",
+            "How late the event loop ran a timer due every 0.1 s: a stall delays every request in flight.",
+            buckets=_LOOP_LAG_BUCKETS_S,
             registry=self.registry,
         )
         self.registry.register(_LiveCollector(live, prices))

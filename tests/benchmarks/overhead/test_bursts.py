@@ -116,3 +116,13 @@ def test_the_others_peak_of_both_rounds_is_shown_when_logged(
     assert r.others_peak_cores == (proxy_peak, direct_peak)
     text = line(r)
     assert (shown in text) if shown else ("peak" not in text)
+
+
+def test_the_proxys_late_loop_timers_are_shown_when_logged() -> None:
+    proxy = row("calroute", with_slow(list(range(40, 52))), proxy_loop_late=2.0)
+    r = round_burst(row("direct", with_slow([])), proxy, 50.0, 0.1)
+    assert r.proxy_loop_late == 2.0
+    assert "proxy loop late > 20 ms: 2" in line(r)
+    assert "proxy loop late" not in line(
+        round_burst(row("direct", with_slow([])), row("calroute", with_slow([])), 50.0, 0.1)
+    )
