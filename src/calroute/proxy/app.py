@@ -1,21 +1,13 @@
 """The proxy: an OpenAI-compatible front that routes each request to a prefill and a decode engine.
 
-Per request: validate, classify (SLO header), estimate the prompt length, let the router (the simulator's
-policy, predictor and ledger) pick the pair, prefill with ``max_tokens=1`` and ``do_remote_decode``, then
-decode with the returned ``kv_transfer_params``, relaying the decode engine's answer (SSE passes through).
-A failed prefill is retried on another prefill engine; a decode that fails before any output is retried on
-another decode engine with a fresh prefill (transfer params are never reused). Engine 4xx answers go back
-to the client and never count against the engine. Every admitted request ends in exactly one record.
+This module is the shell: it builds the parts (router, ledger, engine signals, metrics, connections),
+starts and stops them, and serves the surface around generation (models, health, metrics, admin). One
+request's life, from admission to its record, is generate.py.
 """
 
 from __future__ import annotations
 
-import itertools
-import json
-import logging
-import os
 import time
-from collections.abc import Awaitable
 from typing import IO, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -23,40 +15,26 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from calroute.calibrate.online import OnlineCalibrator
 from calroute.costmodel.predictors import make_predictor
 from calroute.decisions import DecisionLog
-from calroute.errors import NoCandidateError
 from calroute.ledger import Ledger
 from calroute.policies import make_policy
-from calroute.proxy import admin, codec, pd, surface
-from calroute.proxy.config import ENGINE_KEEPALIVE_S, SLOW_STEPS_PER_TOKEN, ProxyConfig
-from calroute.proxy.errors import ClientGone, EngineFailed, json_error
-from calroute.proxy.flight import Flight, Invalid, board
+from calroute.proxy import admin, surface
+from calroute.proxy.config import ENGINE_KEEPALIVE_S, ProxyConfig
+from calroute.proxy.generate import Generation
 from calroute.proxy.looplag import LoopLag
 from calroute.proxy.metrics import ProxyMetrics
 from calroute.proxy.prompt_length import PromptLength
-from calroute.proxy.relay import StreamRelay
-from calroute.proxy.server import Request, Response, Server, Stream, json_response
+from calroute.proxy.server import Request, Response, Server, json_response
 from calroute.proxy.signals import Signals
-from calroute.proxy.upstream import Endpoint, UpstreamError
-from calroute.proxy.upstream import Response as EngineResponse
+from calroute.proxy.upstream import Endpoint
 from calroute.records import RecordWriter
 from calroute.router import Router
-from calroute.types import RequestStatus
-
-logger = logging.getLogger(__name__)
-
-SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
 class Proxy:
     def __init__(self, cfg: ProxyConfig) -> None:
         self.cfg = cfg
         self._t0 = time.monotonic()
-        # Request ids: a random 64-bit prefix per proxy process, then a counter. Unique across proxies and
-        # restarts as uuid4 would be (and as long), without a getrandom call per request.
-        self._id_prefix = os.urandom(8).hex()
-        self._ids = itertools.count()
         self.ledger = Ledger(cfg.cluster.instance_specs(), cfg.calibration)
-        self.policy_name = cfg.policy
         self.policy_params: dict[str, Any] = dict(cfg.policy_params)
         online = None
         if cfg.online_calibration:
@@ -86,13 +64,23 @@ class Proxy:
         self.urls = {e.id: e.url for e in cfg.cluster.engines}
         # Client traffic only: the polls and probes keep connections of their own (signals.py).
         self._endpoints = {e.id: Endpoint(e.url, ENGINE_KEEPALIVE_S) for e in cfg.cluster.engines}
+        self.generation = Generation(
+            cfg,
+            self.router,
+            self.signals,
+            self.metrics,
+            self.prompt_length,
+            self._endpoints,
+            self._engine_headers,
+            self.now,
+            cfg.policy,
+        )
         self._log: IO[str] | None = None
-        self._writer: RecordWriter | None = None
         self._decision_stream: IO[str] | None = None
         self._server = Server(
             {
-                ("POST", "/v1/completions"): self._completions,
-                ("POST", "/v1/chat/completions"): self._chat,
+                ("POST", "/v1/completions"): self.generation.completions,
+                ("POST", "/v1/chat/completions"): self.generation.chat,
                 ("GET", "/v1/models"): self._models,
                 ("GET", "/health"): self._health,
                 ("GET", "/metrics"): self._metrics,
@@ -105,10 +93,14 @@ class Proxy:
     def now(self) -> float:
         return time.monotonic() - self._t0
 
+    @property
+    def policy_name(self) -> str:
+        return self.generation.policy_name
+
     def switch_policy(self, name: str, params: dict[str, Any]) -> None:
         """Route with another policy from the next request on (ConfigError if it cannot be made)."""
         self.router.policy = make_policy(name, params, self.router.constants or self.cfg.calibration)
-        self.policy_name = name
+        self.generation.policy_name = name
         self.policy_params = dict(params)
         self.signals.set_polling(self._reads_samples())
 
@@ -135,7 +127,7 @@ class Proxy:
         if self.cfg.log_path is not None:
             self.cfg.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log = self.cfg.log_path.open("a")
-            self._writer = RecordWriter(self._log, flush_every=1)
+            self.generation.writer = RecordWriter(self._log, flush_every=1)
         if self.cfg.decision_log_path is not None:
             self.cfg.decision_log_path.parent.mkdir(parents=True, exist_ok=True)
             self._decision_stream = self.cfg.decision_log_path.open("a", buffering=1)
@@ -154,257 +146,6 @@ class Proxy:
         for stream in (self._log, self._decision_stream):
             if stream is not None:
                 stream.close()
-
-    # ---- generation ---------------------------------------------------------------------------------
-
-    async def _completions(self, request: Request) -> Response | Stream:
-        return await self._generate(request, "/v1/completions")
-
-    async def _chat(self, request: Request) -> Response | Stream:
-        return await self._generate(request, "/v1/chat/completions")
-
-    async def _generate(self, request: Request, path: str) -> Response | Stream:
-        request_id = f"{self._id_prefix}{next(self._ids):016x}"
-        boarded = board(request, path, self.cfg, self.prompt_length, request_id, self.now())
-        if isinstance(boarded, Invalid):
-            return json_error(400, boarded.message, param=boarded.param)
-        body, flight = boarded
-        try:
-            return await self._serve(request, body, path, flight)
-        finally:
-            if not flight.recorded:  # the client went away (handler cancelled) or something unexpected
-                self._finish(flight, RequestStatus.CANCELLED, "client disconnected")
-
-    async def _serve(self, request: Request, body: dict[str, Any], path: str, f: Flight) -> Response | Stream:
-        last_error = "no attempt made"
-        for _ in range(self.cfg.max_attempts):
-            started = time.perf_counter()
-            try:
-                adm, decision = self.router.admit(
-                    f.request_id, f.prompt_tokens, f.slo, self.now(), f.oracle_tokens
-                )
-            except NoCandidateError as e:
-                self._finish(f, RequestStatus.FAILED, str(e))
-                return await self._error(
-                    f, 503, f"no engine can serve the request: {e}", "ServiceUnavailable"
-                )
-            self.metrics.decision.observe(time.perf_counter() - started)
-            f.admitted, f.predicted = True, adm.predicted_output_tokens
-            f.prefill_id, f.decode_id = decision.prefill_id, decision.decode_id
-            f.prefill_done_s = f.first_token_s = f.last_token_s = None
-            try:
-                kv, client_error = await self._prefill(body, path, f)
-                if client_error is not None:
-                    return client_error
-                return await self._decode(request, body, path, f, kv)
-            except EngineFailed as e:
-                last_error = f"{e.phase} engine {e.engine_id}: {e}"
-                self.signals.mark_failed(e.engine_id, str(e))
-                self.metrics.engine_errors.labels(e.engine_id).inc()
-                self.metrics.retries.labels(e.phase).inc()
-                self.router.done(f.request_id, f.prompt_tokens, 0, self.now(), ok=False)
-                f.admitted = False
-        self._finish(f, RequestStatus.FAILED, last_error)
-        return await self._error(f, 502, f"every attempt failed; last: {last_error}", "BadGateway")
-
-    async def _error(
-        self, f: Flight, status: int, message: str, kind: str, payload: bytes | None = None
-    ) -> Response | Stream:
-        """The answer to a request that cannot be served (its record already written). Before its response
-        head went out: an HTTP error with a JSON body (an engine's 4xx body as it came). After (a stream
-        whose head went out with a decode engine's, then every attempt failed): an error event and the end
-        of the stream, as vLLM ends a stream it cannot finish."""
-        if f.stream is None:
-            if payload is not None:
-                return Response(payload, status)
-            return json_error(status, message, kind)
-        if payload is not None:
-            message = payload[:500].decode(errors="replace")
-        event = {"error": {"message": message, "type": kind, "param": None, "code": status}}
-        try:
-            await f.stream.write(f"data: {json.dumps(event)}\n\ndata: [DONE]\n\n".encode())
-            await f.stream.write_eof()
-        except ConnectionError:
-            pass  # the client left: the record stands
-        return f.stream
-
-    def _headers(self, f: Flight) -> dict[str, str]:
-        return {**f.forwarded, **self._engine_headers, "X-Request-Id": f.request_id}
-
-    async def _prefill(
-        self, body: dict[str, Any], path: str, f: Flight
-    ) -> tuple[dict[str, Any] | None, Response | Stream | None]:
-        assert f.prefill_id is not None
-        try:
-            # The engine says nothing until the prefill is done, then answers at once: a bound on its
-            # silence is a bound on the whole exchange.
-            r = await self._endpoints[f.prefill_id].request(
-                "POST",
-                path,
-                self._headers(f),
-                codec.dumps(pd.prefill_body(body)),
-                read_timeout_s=self.cfg.prefill_timeout_s,
-            )
-            async with r:
-                payload = await r.read()
-            status = r.status
-        except (UpstreamError, TimeoutError) as e:
-            raise EngineFailed(f.prefill_id, "prefill", f"{type(e).__name__}: {e}") from e
-        if status >= 500:
-            raise EngineFailed(f.prefill_id, "prefill", f"HTTP {status}")
-        if status >= 400:
-            return None, await self._client_error(f, status, payload)
-        f.prefill_done_s = self.now()
-        try:
-            out = codec.loads(payload)
-            prompt_tokens = int(out["usage"]["prompt_tokens"])
-        except (ValueError, KeyError, TypeError) as e:
-            raise EngineFailed(f.prefill_id, "prefill", f"unreadable prefill response: {e}") from e
-        self.router.prefill_done(f.request_id, f.prefill_done_s, prompt_tokens)
-        self.prompt_length.learn(f.prompt_chars, prompt_tokens)
-        f.prompt_tokens = prompt_tokens
-        kv = out.get("kv_transfer_params")
-        return (kv if isinstance(kv, dict) and kv else None), None
-
-    async def _client_error(self, f: Flight, status: int, payload: bytes) -> Response | Stream:
-        """An engine refused the request as malformed: the client's problem, not the engine's."""
-        self._finish(f, RequestStatus.REJECTED, f"HTTP {status}: {payload[:200].decode(errors='replace')}")
-        return await self._error(f, status, "", "BadRequestError", payload)
-
-    async def _decode(
-        self, request: Request, body: dict[str, Any], path: str, f: Flight, kv: dict[str, Any] | None
-    ) -> Response | Stream:
-        assert f.decode_id is not None
-        try:
-            r = await self._endpoints[f.decode_id].request(
-                "POST",
-                path,
-                self._headers(f),
-                codec.dumps(pd.decode_body(body, kv)),
-                read_timeout_s=self._silence_bound_s(body, f),
-            )
-            async with r:
-                if r.status >= 500:
-                    raise EngineFailed(f.decode_id, "decode", f"HTTP {r.status}")
-                if r.status >= 400:
-                    return await self._client_error(f, r.status, await r.read())
-                if not body.get("stream"):
-                    return await self._relay_json(r, f)
-                return await self._relay_stream(request, r, f, pd.client_wants_usage(body))
-        except (UpstreamError, TimeoutError) as e:
-            raise EngineFailed(f.decode_id, "decode", f"{type(e).__name__}: {e}") from e
-
-    def _silence_bound_s(self, body: dict[str, Any], f: Flight) -> float:
-        """How long the decode engine may stay silent before it counts as stalled. A stream sends a token
-        every step; a JSON answer says nothing until the last one, so its bound grows with the tokens asked
-        for, priced at SLOW_STEPS_PER_TOKEN calibrated decode steps each (a full batch, a long context)."""
-        if body.get("stream"):
-            return self.cfg.stall_timeout_s
-        limit = body.get("max_tokens") or body.get("max_completion_tokens")
-        tokens = limit if isinstance(limit, int) else self.cfg.cluster.max_model_len - f.prompt_tokens
-        return self.cfg.stall_timeout_s + tokens * SLOW_STEPS_PER_TOKEN * self.cfg.calibration.tau_dec_s
-
-    async def _relay_json(self, r: EngineResponse, f: Flight) -> Response:
-        payload = await r.read()
-        now = self.now()
-        try:
-            f.output_tokens = int(codec.loads(payload)["usage"]["completion_tokens"])
-        except (ValueError, KeyError, TypeError):
-            f.output_tokens = 0
-        # A JSON answer has no token timing: first and last token are the moment it arrives.
-        f.first_token_s = f.last_token_s = now
-        self.router.first_token(f.request_id, now)
-        self._finish(f, RequestStatus.OK, None)
-        return Response(payload, r.status)
-
-    async def _relay_stream(
-        self, request: Request, r: EngineResponse, f: Flight, client_wants_usage: bool
-    ) -> Response | Stream:
-        """Relay the decode engine's SSE stream (relay.py). The response head goes to the client as soon
-        as the decode engine's own does, as vLLM sends it, so that the client has read it before the first
-        token comes. Every piece, the first included, goes from the engine connection's data callback
-        straight to the client: the first token does not wait for this task to wake (under load, behind the
-        other streams' pieces of the same loop turn). Until a first piece comes, a failure is the engine's
-        and the caller retries elsewhere, into the same response.
-
-        Two sides can fail after that and they mean different things: a read from the engine that breaks
-        is the engine's fault (out of routing); a write to the client that breaks is the client leaving
-        (the engine is fine). The record is written before the stream's end goes out, so a client that
-        has seen the whole answer can already find its record."""
-        if f.stream is None:
-            try:
-                f.stream = request.stream(200, SSE_HEADERS)
-            except ConnectionError as e:
-                raise self._client_gone(f) from e
-        resp = f.stream
-        relay = StreamRelay(
-            client_wants_usage, self.now, lambda now: self.router.first_token(f.request_id, now)
-        )
-        try:
-            relay.attach(resp.transport, resp.chunked, r)
-            try:
-                await r.relay(relay.piece)
-                if not relay.started:
-                    raise EngineFailed(f.decode_id or "", "decode", "empty response")
-            except (UpstreamError, TimeoutError) as e:
-                if not relay.started:
-                    raise  # nothing reached the client: the caller retries on another decode engine
-                error = f"decode engine {f.decode_id} broke off the stream: {type(e).__name__}"
-                self.signals.mark_failed(f.decode_id or "", error)
-                self.metrics.engine_errors.labels(f.decode_id or "").inc()
-                relay.error = error
-                body = {"error": {"message": error, "type": "BadGateway", "param": None, "code": 502}}
-                relay.pending += f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode()
-            finally:
-                relay.detach()
-            if relay.client_gone:
-                raise self._client_gone(f)
-            if relay.pending:
-                await self._to_client(f, resp.write(relay.pending))
-        finally:
-            f.first_token_s, f.last_token_s = relay.first_token_s, relay.last_token_s
-            if relay.output_tokens is not None:
-                f.output_tokens = relay.output_tokens
-        self._finish(f, RequestStatus.FAILED if relay.error else RequestStatus.OK, relay.error)
-        try:
-            await resp.write_eof()
-        except ConnectionError:
-            pass  # the client left after the last byte was written: the record stands
-        return resp
-
-    def _client_gone(self, f: Flight) -> ClientGone:
-        self._finish(f, RequestStatus.CANCELLED, "client disconnected")
-        return ClientGone()
-
-    async def _to_client(self, f: Flight, write: Awaitable[Any]) -> None:
-        try:
-            await write
-        except ConnectionError as e:
-            raise self._client_gone(f) from e
-
-    # ---- bookkeeping --------------------------------------------------------------------------------
-
-    def _finish(self, f: Flight, status: RequestStatus, error: str | None) -> None:
-        if f.recorded:
-            return
-        f.recorded = True
-        now = self.now()
-        ok = status is RequestStatus.OK
-        if f.admitted:
-            if ok and f.first_token_s is None:
-                self.router.first_token(f.request_id, now)
-            self.router.done(f.request_id, f.prompt_tokens, f.output_tokens, now, ok, f.first_token_s)
-            f.admitted = False
-        rec = f.record(self.policy_name, status, error)
-        if self._writer is not None:
-            self._writer.write(rec)
-        self.metrics.requests.labels(
-            self.policy_name, f.prefill_id or "", f.decode_id or "", status.value
-        ).inc()
-        if ok and rec.ttft_s is not None:
-            self.metrics.ttft.observe(rec.ttft_s)
-            if f.output_tokens >= 2 and rec.tpot_s is not None:
-                self.metrics.tpot.observe(rec.tpot_s)
 
     # ---- the rest of the surface --------------------------------------------------------------------
 
