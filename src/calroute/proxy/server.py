@@ -25,39 +25,22 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, cast
 
-from calroute.proxy.http1 import BODY_CHUNKED, BODY_LENGTH, BodyDecoder, FramingError
+from calroute.proxy.head import Head, Headers, status_line
+from calroute.proxy.http1 import BodyDecoder, FramingError
 
 logger = logging.getLogger(__name__)
 
 MAX_HEAD_BYTES = 64 * 1024
-MAX_LINE_BYTES = 8 * 1024  # one line of a head, as aiohttp and nginx bound it
 KEEPALIVE_S = 75.0  # as aiohttp's and nginx's defaults: well past any client pool's own idle limit
 STREAM_HIGH_WATER_BYTES = 256 * 1024  # a Stream.write waits while more than this is unsent
 # After refusing a request whose body is still coming, read and drop it this long before closing: a close
 # with unread data sends a reset, and the client may lose the answer before it reads it.
 LINGER_S = 2.0
 
-_REASONS = {
-    100: "Continue", 200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
-    404: "Not Found", 405: "Method Not Allowed", 413: "Content Too Large", 429: "Too Many Requests",
-    431: "Request Header Fields Too Large", 500: "Internal Server Error", 501: "Not Implemented",
-    502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout", 505: "HTTP Version Not Supported",
-}  # fmt: skip
-
 
 def error_body(status: int, message: str, kind: str, param: str | None = None) -> bytes:
     """OpenAI's error shape, as vLLM answers."""
     return json.dumps({"error": {"message": message, "type": kind, "param": param, "code": status}}).encode()
-
-
-class Headers(dict[str, str]):
-    """Request headers, names lower-cased; ``get`` and ``in`` take a name in any case."""
-
-    def get(self, name: str, default: Any = None) -> Any:
-        return super().get(name.lower(), default)
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and super().__contains__(name.lower())
 
 
 class Request:
@@ -111,9 +94,7 @@ class Stream:
             framing += "\r\nConnection: close"
         lines = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
         conn.started = True
-        self.transport.write(
-            f"{_status_line(status)}{conn.common_headers()}{lines}{framing}\r\n\r\n".encode()
-        )
+        self.transport.write(f"{status_line(status)}{conn.common_headers()}{lines}{framing}\r\n\r\n".encode())
 
     async def write(self, data: bytes) -> None:
         """Raises ConnectionResetError if the client has gone."""
@@ -138,56 +119,6 @@ class Stream:
 Handler = Callable[[Request], Awaitable[Response | Stream]]
 
 
-def _status_line(status: int) -> str:
-    return f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\n"
-
-
-class _Head:
-    """A request head, parsed; ValueError (with the answer's status in ``args[1]``) if it is not one."""
-
-    __slots__ = ("body", "expect_continue", "headers", "http11", "keep_alive", "length", "method", "target")
-
-    def __init__(self, raw: bytes, max_body_bytes: int) -> None:
-        lines = raw.decode("latin-1").split("\r\n")
-        if max(map(len, lines)) > MAX_LINE_BYTES:
-            raise ValueError(f"a request head line longer than {MAX_LINE_BYTES} bytes", 431)
-        parts = lines[0].split(" ")
-        if len(parts) != 3 or not parts[0].isalpha() or not parts[1].startswith("/"):
-            raise ValueError(f"malformed request line {lines[0][:80]!r}", 400)
-        self.method, self.target, version = parts
-        if version not in ("HTTP/1.1", "HTTP/1.0"):
-            raise ValueError(f"unsupported version {version[:20]!r}", 505)
-        self.http11 = version == "HTTP/1.1"
-        headers = Headers()
-        lengths: set[str] = set()
-        for line in lines[1:]:
-            name, colon, value = line.partition(":")
-            if not colon or not name or name != name.strip() or " " in name:
-                raise ValueError(f"malformed header line {line[:80]!r}", 400)
-            key, value = name.lower(), value.strip(" \t")
-            if key == "content-length":
-                lengths.add(value)
-            headers[key] = f"{headers[key]}, {value}" if key in headers else value
-        self.headers = headers
-        connection = headers.get("connection", "").lower()
-        self.keep_alive = "close" not in connection if self.http11 else "keep-alive" in connection
-        self.expect_continue = headers.get("expect", "").lower() == "100-continue"
-        coding = headers.get("transfer-encoding")
-        self.length = 0
-        if coding is not None:
-            if lengths:
-                raise ValueError("both Content-Length and Transfer-Encoding", 400)
-            if coding.lower() != "chunked":
-                raise ValueError(f"unsupported Transfer-Encoding {coding[:40]!r}", 501)
-            self.body = BODY_CHUNKED
-        else:
-            if len(lengths) > 1 or any(not v.isdigit() for v in lengths):
-                raise ValueError(f"bad Content-Length {', '.join(lengths)[:40]!r}", 400)
-            self.body, self.length = BODY_LENGTH, int(lengths.pop()) if lengths else 0
-            if self.length > max_body_bytes:
-                raise ValueError(f"request body larger than {max_body_bytes} bytes", 413)
-
-
 class _Connection(asyncio.Protocol):
     """One client connection: reads a request, runs its handler as a task, writes the answer, repeats."""
 
@@ -195,7 +126,7 @@ class _Connection(asyncio.Protocol):
         self._server = server
         self.transport: asyncio.Transport | None = None
         self._buf = b""
-        self._head: _Head | None = None
+        self._head: Head | None = None
         self._decoder: BodyDecoder | None = None
         self._body: list[bytes] = []
         self._body_bytes = 0
@@ -257,7 +188,7 @@ class _Connection(asyncio.Protocol):
                     return
                 if end > MAX_HEAD_BYTES:
                     raise ValueError(f"request head larger than {MAX_HEAD_BYTES} bytes", 431)
-                head = _Head(self._buf[:end], self._server.max_body_bytes)
+                head = Head(self._buf[:end], self._server.max_body_bytes)
                 self._buf = self._buf[end + 4 :]
                 self._head, self.http11 = head, head.http11
                 self._decoder = BodyDecoder(head)
@@ -335,7 +266,7 @@ class _Connection(asyncio.Protocol):
     def _whole(self, r: Response) -> bytes:
         framing = "" if self.keep_alive else "Connection: close\r\n"
         head = (
-            f"{_status_line(r.status)}{self.common_headers()}Content-Type: {r.content_type}\r\n"
+            f"{status_line(r.status)}{self.common_headers()}Content-Type: {r.content_type}\r\n"
             f"Content-Length: {len(r.body)}\r\n{framing}\r\n"
         )
         return head.encode() + r.body
