@@ -30,7 +30,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from calroute.calibrate.measure import EMULATED_TOKEN_IDS, EngineClient
+from calroute.calibrate.client import EMULATED_TOKEN_IDS, EngineClient
 from calroute.calibrate.run import calibrate_cluster
 from calroute.cli_calibrate import calibrate
 from calroute.cluster import ClusterFile

@@ -24,16 +24,18 @@ from typing import Any
 
 import aiohttp
 
-from calroute.calibrate.fit import Fit, fit_decode, fit_prefill, fit_transfer
-from calroute.calibrate.measure import (
+from calroute.calibrate.client import (
     DEFAULT_TOKEN_IDS,
     EMULATED_TOKEN_IDS,
     EngineClient,
+    RequestFailed,
+    kv_bytes_from_metrics,
+)
+from calroute.calibrate.fit import Fit, fit_decode, fit_prefill, fit_transfer
+from calroute.calibrate.measure import (
     HandoffMeasurement,
     PrefillMeasurement,
-    RequestFailed,
     decode_sweep,
-    kv_bytes_from_metrics,
     prefill_sweep,
     warm_up,
 )
