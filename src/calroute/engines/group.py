@@ -18,7 +18,8 @@ import aiohttp
 from aiohttp import web
 
 from calroute.costmodel.profiles import HardwareProfile
-from calroute.engines.core import EngineCore, PullFailed
+from calroute.engines.core import EngineCore
+from calroute.engines.request import PullFailed
 from calroute.engines.server import EngineServer, Faults
 from calroute.types import Role
 

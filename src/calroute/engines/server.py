@@ -21,8 +21,9 @@ from typing import Any
 from aiohttp import web
 
 from calroute.engines import api, tokens
-from calroute.engines.core import EngineCore, EngineRequest
+from calroute.engines.core import EngineCore
 from calroute.engines.metrics import EngineMetrics
+from calroute.engines.request import EngineRequest
 
 logger = logging.getLogger(__name__)
 
