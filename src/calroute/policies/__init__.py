@@ -12,6 +12,7 @@ from calroute.policies import (
     length_heuristic,
     marginal_cost,
     power_of_two,
+    queue_kv,
     random_pick,
     round_robin,
 )
@@ -33,6 +34,7 @@ POLICIES: dict[str, _Factory] = {
     "power_of_two": lambda raw, cal: power_of_two.PowerOfTwo(
         parse_params("power_of_two", power_of_two.Params, raw)
     ),
+    "queue_kv": lambda raw, cal: queue_kv.QueueKv(parse_params("queue_kv", queue_kv.Params, raw)),
     "marginal_cost": lambda raw, cal: marginal_cost.MarginalCost(
         parse_params("marginal_cost", marginal_cost.Params, raw), cal
     ),
