@@ -257,6 +257,21 @@ def test_engines_are_scraped_only_while_something_reads_the_samples(
     wait_for(lambda: None not in samples(online).values())
 
 
+def test_queue_kv_routes_on_the_polled_samples(
+    cluster: ClusterFile, proxy_for: Callable[..., RunningProxy]
+) -> None:
+    # llm-d's scorers read only the engines' metrics: the proxy polls them, and requests spread over
+    # both pools (ties rotate; an engine seen busy scores lower).
+    p = proxy_for(cluster, policy="queue_kv")
+    wait_for(lambda: None not in p.proxy.signals.last_sample_s.values())
+    for _ in range(6):
+        request(f"{p.url}/v1/completions", body(max_tokens=2), timeout_s=30)
+    recs = records(p)
+    assert [r.status for r in recs] == [RequestStatus.OK] * 6
+    assert {r.prefill_id for r in recs} == {"prefill-0", "prefill-1"}
+    assert {r.decode_id for r in recs} == {"decode-0", "decode-1"}
+
+
 def test_proxy_metrics_and_health(cluster: ClusterFile, proxy_for: Callable[..., RunningProxy]) -> None:
     p = proxy_for(cluster)
     request(f"{p.url}/v1/completions", body(max_tokens=3))
