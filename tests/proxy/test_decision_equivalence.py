@@ -28,7 +28,7 @@ from tests.proxy.harness import RunningProxy
 PROFILE = get_profile("a40-qwen2.5-3b")
 
 
-@pytest.mark.parametrize("policy", ["marginal_cost", "power_of_two", "length_heuristic"])
+@pytest.mark.parametrize("policy", ["marginal_cost", "power_of_two", "length_heuristic", "queue_kv"])
 def test_live_decisions_replay_identically(
     cluster: ClusterFile, proxy_for: Callable[..., RunningProxy], policy: str
 ) -> None:
