@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -55,6 +56,25 @@ def test_simulate_json_has_the_documented_shape() -> None:
             "tpot_p99_s",
         } <= set(r)
         assert r["requests"] == 150 and 0.0 <= r["goodput"] <= 1.0
+
+
+def test_simulate_sample_interval_reaches_the_engines_samples() -> None:
+    # queue_kv reads only the sampled metrics, round_robin none: how old the samples are changes the first's
+    # run and not the second's, and the output says what the interval was.
+    def run(interval: str) -> dict[str, Any]:
+        code, out, err = invoke(
+            "simulate", "--workload", "chat", "--rate", "60", "--seeds", "1", "--requests", "400",
+            "--policies", "queue_kv,round_robin", "--sample-interval-s", interval, "--json",
+        )  # fmt: skip
+        assert code == 0, err
+        doc: dict[str, Any] = json.loads(out)
+        return doc
+
+    slow, fast = run("0.05"), run("0.002")
+    assert (slow["sample_interval_s"], fast["sample_interval_s"]) == (0.05, 0.002)
+    by_policy = [{r["policy"]: r for r in doc["runs"]} for doc in (slow, fast)]
+    assert by_policy[0]["round_robin"] == by_policy[1]["round_robin"]
+    assert by_policy[0]["queue_kv"] != by_policy[1]["queue_kv"]
 
 
 def test_simulate_saturate_and_table(tmp_path: Path) -> None:
@@ -158,6 +178,10 @@ def test_simulate_any_shared_trace(name: str, args: list[str]) -> None:
         ),
         (["--trace", "/no/such/file.csv"], "no such file"),
         (["--workload", "chat", "--rate", "-2"], "--rate must be > 0"),
+        (
+            ["--workload", "chat", "--rate", "1", "--sample-interval-s", "0"],
+            "--sample-interval-s must be > 0",
+        ),
         (["--workload", "chat", "--rate", "1", "--predictor", "gpt"], "unknown predictor"),
         (["--workload", "chat", "--rate", "1", "--calibration", "/no/cal.json"], "cannot read calibration"),
         (

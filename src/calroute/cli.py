@@ -140,6 +140,7 @@ def run_simulation(
         "profile": setup.profile.name,
         "router_calibration": setup.router_calibration.provenance.get("source"),
         "predictor": {"name": setup.predictor, "noise": setup.predictor_noise},
+        "sample_interval_s": setup.sample_interval_s,
         "slo": {
             "tight_ttft_s": setup.profile.calibration.slo.tight_ttft_s,
             "tight_tpot_s": setup.profile.calibration.slo.tight_tpot_s,
@@ -211,6 +212,9 @@ def simulate(
         "bucket"
     ),
     predictor_noise: Annotated[float, typer.Option(min=0.0, help="relative error injected, e.g. 0.5")] = 0.0,
+    sample_interval_s: Annotated[
+        float, typer.Option(help="seconds between the engines' metrics samples (the proxy polls every 0.05)")
+    ] = 0.05,
     profile: Annotated[
         str, typer.Option(help=f"hardware profile: {', '.join(profile_names())}")
     ] = DEFAULT_PROFILE,
@@ -236,6 +240,8 @@ def simulate(
             raise ConfigError("give at most one of --rate and --saturate")
         if rate is not None and rate <= 0:
             raise ConfigError(f"--rate must be > 0, got {rate}")
+        if not sample_interval_s > 0:
+            raise ConfigError(f"--sample-interval-s must be > 0, got {sample_interval_s}")
         policy_list = [p.strip() for p in policies.split(",") if p.strip()]
         unknown = [p for p in policy_list if p not in policy_names()]
         if unknown or not policy_list:
@@ -250,6 +256,7 @@ def simulate(
             router_calibration=router_cal,
             predictor=predictor,
             predictor_noise=predictor_noise,
+            sample_interval_s=sample_interval_s,
             policy_params=parse_param_options(param or [], policy_list),
         )
         source: WorkloadSource = (
