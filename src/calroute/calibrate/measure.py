@@ -42,6 +42,7 @@ MAX_PREFILL_ROUNDS = 6
 HANDOFF_OUTPUT_TOKENS = 2
 
 MAX_DECODE_PASSES = 2
+NO_WINDOW_STRIKES = 2  # batches of one size without a steady window before the size counts as capped
 # Streams open at once across all decode engines. Emulated engines of one cluster usually share a process
 # and an event loop: several batches of 64 streaming at once would overload it, and its steps would
 # stretch by the time it spends writing tokens, which the fit would then read as per-sequence cost.
@@ -297,7 +298,9 @@ async def decode_sweep(
     ``MAX_CONCURRENT_STREAMS`` streams open at once. A worker skips an item whose estimated duration (its
     prompts' prefill from the fitted curve, its tokens at a pessimistic step time) no longer fits in the
     budget. A batch size whose requests do not all run at once (the engine caps concurrent sequences)
-    gives no steady window; larger ones are then skipped."""
+    gives no steady window; after NO_WINDOW_STRIKES such batches of one size, it and larger ones are
+    skipped. One is not enough: an engine's API server that stalls can deliver one stream's tokens in a
+    bunch before the next stream's first, which reads the same once (seen on real CPU vLLM)."""
     dec = cluster.decode
     kv = min(e.kv_capacity_tokens for e in dec)
     plan = decode_plan(kv, cluster.max_model_len)
@@ -306,7 +309,8 @@ async def decode_sweep(
     queue: deque[DecodeItem] = deque(plan * MAX_DECODE_PASSES)
     samples: list[DecodeMeasurement] = []
     failures: list[str] = []
-    too_big: list[int] = []  # batch sizes that found no steady window
+    too_big: list[int] = []  # batch sizes that found no steady window NO_WINDOW_STRIKES times
+    no_window: dict[int, int] = {}
     step_guess = [2 * prefill.single_s(1)]  # no decode measurement yet: a pessimistic step time
     slots = _StreamSlots(max(MAX_CONCURRENT_STREAMS, max(item.batch for item in plan)))
     guard = BurstGuard()
@@ -331,7 +335,9 @@ async def decode_sweep(
                 s = await measure_decode_item(client, engine, item, timeout_s, guard)
             except NoSteadyWindow as e:
                 failures.append(f"B={item.batch} prompt={item.prompt_tokens}: {e}")
-                too_big.append(item.batch)
+                no_window[item.batch] = no_window.get(item.batch, 0) + 1
+                if no_window[item.batch] >= NO_WINDOW_STRIKES:
+                    too_big.append(item.batch)
                 continue
             except RequestFailed as e:
                 failures.append(f"B={item.batch} prompt={item.prompt_tokens}: {e}")
