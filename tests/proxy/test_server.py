@@ -133,18 +133,14 @@ def post(path: str, body: bytes, extra: str = "") -> bytes:
 @pytest.mark.parametrize(
     ("raw", "status", "error"),
     [
+        # One of each kind of the head parser's refusals reaches the client (test_head.py lists them all).
         (b"GARBAGE\r\n\r\n", 400, "malformed request line"),
         (b"GET /echo HTTP/2.0\r\n\r\n", 505, "unsupported version"),
         (b"GET /echo HTTP/1.1\r\nHost : x\r\n\r\n", 400, "malformed header line"),
-        (b"GET /echo HTTP/1.1\r\nHost: x\r\n folded\r\n\r\n", 400, "malformed header line"),
-        (b"POST /echo HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n", 400, "both"),
-        (b"POST /echo HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd", 400, "Content-Length"),
-        (b"POST /echo HTTP/1.1\r\nContent-Length: -3\r\n\r\n", 400, "Content-Length"),
         (b"POST /echo HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", 501, "Transfer-Encoding"),
         (b"POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400, "chunk size"),
         (b"GET /echo HTTP/1.1\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n", 431, "head larger"),
         (b"GET /echo HTTP/1.1\r\nX-Big: " + b"a" * 9_000 + b"\r\n\r\n", 431, "line longer than 8192"),
-        (b"GET /echo?" + b"q" * 9_000 + b" HTTP/1.1\r\n\r\n", 431, "line longer than 8192"),
         (post("/echo", b"x" * (MAX_BODY + 1)), 413, "larger than 1000 bytes"),
         (
             b"POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"

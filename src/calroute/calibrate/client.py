@@ -7,6 +7,7 @@ import json
 import re
 import time
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,6 +94,17 @@ class EngineClient:
         except (aiohttp.ClientError, TimeoutError) as e:
             raise RequestFailed(f"GET {url}: {type(e).__name__}: {e}") from e
 
+    def _completion(
+        self, url: str, body: dict[str, Any], timeout_s: float
+    ) -> AbstractAsyncContextManager[aiohttp.ClientResponse]:
+        """A completion request to one engine, with the cluster's API key and a bound on the exchange."""
+        return self._session.post(
+            f"{url}/v1/completions",
+            json=body,
+            headers=self._headers,
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
+        )
+
     async def prefill(self, url: str, prompt: list[int], timeout_s: float) -> tuple[float, dict[str, Any]]:
         """(client-observed latency, kv_transfer_params) of a P/D prefill request."""
         body = {
@@ -104,12 +116,7 @@ class EngineClient:
         }
         sent = time.perf_counter()
         try:
-            async with self._session.post(
-                f"{url}/v1/completions",
-                json=body,
-                headers=self._headers,
-                timeout=aiohttp.ClientTimeout(total=timeout_s),
-            ) as r:
+            async with self._completion(url, body, timeout_s) as r:
                 payload = await r.read()
                 done = time.perf_counter()
                 status = r.status
@@ -155,12 +162,7 @@ class EngineClient:
         chunks: list[tuple[float, bytes]] = []
         sent = time.perf_counter()
         try:
-            async with self._session.post(
-                f"{url}/v1/completions",
-                json=body,
-                headers=self._headers,
-                timeout=aiohttp.ClientTimeout(total=timeout_s),
-            ) as r:
+            async with self._completion(url, body, timeout_s) as r:
                 hook("headers")
                 if r.status != 200:
                     raise RequestFailed(f"stream on {url}: HTTP {r.status}: {(await r.read())[:300]!r}")
