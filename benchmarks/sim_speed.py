@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from calroute.costmodel.profiles import get_profile
-from calroute.sim.compare import SimSetup, saturate
+from calroute.experiments.compare import SimSetup, saturate
 from calroute.sim.simulator import ClusterShape
 from calroute.workload.source import FamilyWorkload
 
@@ -34,11 +34,11 @@ def timed_run(
     setup: SimSetup, requests: int, rate: float, stretch: int | None, out: Path
 ) -> tuple[float, int]:
     from calroute.costmodel.predictors import make_predictor
-    from calroute.ledger import Ledger
-    from calroute.metrics import RunSink, SummaryAccumulator
     from calroute.policies import make_policy
-    from calroute.records import RecordWriter
-    from calroute.router import Router
+    from calroute.results.metrics import RunSink, SummaryAccumulator
+    from calroute.results.records import RecordWriter
+    from calroute.routing.ledger import Ledger
+    from calroute.routing.router import Router
     from calroute.sim.simulator import ClusterSim
 
     reqs = FamilyWorkload("mixed-bursty", requests).requests(rate, seed=0)

@@ -36,7 +36,7 @@ from calroute.engines.procs import (
     wait_http_ready,
 )
 from calroute.harness.loadgen import drive
-from calroute.records import read_records
+from calroute.results.records import read_records
 from calroute.workload.families import generate_family
 
 FAULTS = ("error_rate", "stall", "crash", "metrics_down")

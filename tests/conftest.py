@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from calroute.cluster import ClusterFile
 from calroute.costmodel.calibration import Calibration
 from calroute.costmodel.profiles import HardwareProfile, get_profile
+from calroute.engines.cluster import ClusterFile
 from calroute.types import Admission, ClusterView, InstanceState, Role, SloClass
 
 

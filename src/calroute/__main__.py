@@ -1,5 +1,5 @@
 """`python -m calroute` runs the command line (how launchers start emulated engines)."""
 
-from calroute.cli import main
+from calroute.cli.app import main
 
 main()

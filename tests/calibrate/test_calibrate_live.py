@@ -32,8 +32,7 @@ from typer.testing import CliRunner
 
 from calroute.calibrate.client import EMULATED_TOKEN_IDS, EngineClient
 from calroute.calibrate.run import calibrate_cluster
-from calroute.cli_calibrate import calibrate
-from calroute.cluster import ClusterFile
+from calroute.cli.calibrate import calibrate
 from calroute.costmodel.calibration import (
     REF_PROMPT_TOKENS,
     TIGHT_SLO_FACTOR,
@@ -42,6 +41,7 @@ from calroute.costmodel.calibration import (
 )
 from calroute.costmodel.profiles import get_profile
 from calroute.engines import launch, vllm
+from calroute.engines.cluster import ClusterFile
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILE = get_profile("a40-qwen2.5-3b").calibration

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from calroute.cluster import ClusterFile
 from calroute.engines import launch, vllm
+from calroute.engines.cluster import ClusterFile
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from calroute.cluster import ClusterFile
+from calroute.engines.cluster import ClusterFile
 from tests.engines.http import metric, request, stream
 
 PROMPT = (

@@ -9,7 +9,7 @@ import pytest
 
 from calroute.experiments.base import goodput_table, latency_cdfs, paired_gap
 from calroute.experiments.cells import CellResult, Run
-from calroute.metrics import RunSummary
+from calroute.results.metrics import RunSummary
 
 
 def _run(label: str, seed: int, goodput: float) -> Run:

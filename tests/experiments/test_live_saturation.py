@@ -14,10 +14,10 @@ import pytest
 from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile
 from calroute.experiments import live
 from calroute.experiments.backends import SimBackend
-from calroute.experiments.cells import Variant
 from calroute.experiments.live import LiveBackend
 from calroute.harness.live import LiveRun, LiveSetup
-from calroute.metrics import RunSummary
+from calroute.results.metrics import RunSummary
+from calroute.routing.variant import Variant
 from calroute.types import RequestSpec
 from tests.conftest import unreachable_cluster
 

@@ -10,8 +10,8 @@ import pytest
 from calroute.costmodel.profiles import get_profile
 from calroute.experiments import EXPERIMENTS
 from calroute.experiments.backends import SimBackend
+from calroute.experiments.report import write_report
 from calroute.experiments.runner import Scale, run_experiment
-from calroute.report.markdown import write_report
 
 
 @pytest.mark.parametrize("name", sorted(EXPERIMENTS))
@@ -65,7 +65,7 @@ def test_a_killed_experiment_resumes_and_the_report_assembles(tmp_path: Path) ->
 def test_the_command_takes_requests_and_seeds(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from calroute.cli import app
+    from calroute.cli.app import app
 
     res = CliRunner().invoke(
         app,
@@ -99,7 +99,7 @@ def test_the_command_takes_requests_and_seeds(tmp_path: Path) -> None:
 def test_the_command_names_a_bad_option(args: list[str], message: str, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from calroute.cli import app
+    from calroute.cli.app import app
 
     res = CliRunner().invoke(app, ["experiment", "scarcity", "--out", str(tmp_path), *args])
     assert res.exit_code == 2 and message in res.output.replace("\n", " "), res.output

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from calroute.cluster import ClusterFile
+from calroute.engines.cluster import ClusterFile
 from calroute.engines.procs import stop_process_group
-from calroute.records import read_records
+from calroute.results.records import read_records
 from calroute.types import RequestStatus
 from tests.engines.http import metric, request, stream
 from tests.proxy.harness import RunningProxy

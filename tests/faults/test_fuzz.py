@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from calroute.cluster import ClusterFile
 from calroute.engines import launch
+from calroute.engines.cluster import ClusterFile
 from calroute.proxy.config import ProxyConfig
-from calroute.records import read_records
+from calroute.results.records import read_records
 from tests.proxy.conftest import CAL
 from tests.proxy.harness import RunningProxy
 

@@ -12,8 +12,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from calroute.cluster import ClusterFile
-from calroute.records import RequestRecord, read_records
+from calroute.engines.cluster import ClusterFile
+from calroute.results.records import RequestRecord, read_records
 from calroute.types import RequestStatus
 from tests.engines.http import request
 from tests.proxy.harness import RunningProxy

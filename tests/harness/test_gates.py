@@ -15,8 +15,8 @@ from collections.abc import Iterator
 import pytest
 from aiohttp import web
 
-from calroute.cluster import ClusterEngine, ClusterFile
 from calroute.engines import launch, tokens
+from calroute.engines.cluster import ClusterEngine, ClusterFile
 from calroute.engines.procs import free_port
 from calroute.errors import CalrouteError
 from calroute.harness import gates

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from calroute.cli import app
+from calroute.cli.app import app
 from calroute.costmodel.profiles import get_profile
-from calroute.experiments.cells import Variant
 from calroute.harness.live import LiveSetup, _proxy_argv
-from calroute.seeds import derive_seed
+from calroute.routing.seeds import derive_seed
+from calroute.routing.variant import Variant
 from tests.conftest import unreachable_cluster
 
 CAL = get_profile("a40-qwen2.5-3b").calibration
@@ -54,7 +54,7 @@ def test_the_variant_reaches_the_proxy_and_its_cli_accepts_it(
     assert any(argv[i : i + len(want)] == want for i in range(len(argv)))
     # The serve command parses the whole line; only starting the server is replaced.
     started: list[object] = []
-    monkeypatch.setattr("calroute.proxy.server.run_until_signalled", lambda *a, **kw: started.append(a))
+    monkeypatch.setattr("calroute.proxy.http.server.run_until_signalled", lambda *a, **kw: started.append(a))
     result = CliRunner().invoke(app, argv[argv.index("serve") :])
     assert result.exit_code == 0, result.output
     assert len(started) == 1

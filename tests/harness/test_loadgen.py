@@ -17,14 +17,14 @@ import typer
 from aiohttp import web
 from typer.testing import CliRunner
 
-from calroute.cli_bench import EXIT_INVALID, bench, workload_requests
-from calroute.cluster import ClusterFile
+from calroute.cli.bench import EXIT_INVALID, bench, workload_requests
 from calroute.costmodel.profiles import get_profile
 from calroute.engines import launch
+from calroute.engines.cluster import ClusterFile
 from calroute.harness.loadgen import TOKEN_CONTRACT, LoadResult, drive
-from calroute.metrics import summarize
 from calroute.proxy.config import ProxyConfig
-from calroute.records import read_records, record_from_json, record_to_json
+from calroute.results.metrics import summarize
+from calroute.results.records import read_records, record_from_json, record_to_json
 from calroute.types import RequestSpec, RequestStatus, SloClass
 from calroute.workload.families import generate_family
 from calroute.workload.source import FamilyWorkload, TraceWorkload

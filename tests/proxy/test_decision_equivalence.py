@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from calroute.cluster import ClusterFile
 from calroute.costmodel.predictors import make_predictor
 from calroute.costmodel.profiles import get_profile
-from calroute.decisions import DecisionLog, decision_from_json
-from calroute.ledger import Ledger
+from calroute.engines.cluster import ClusterFile
 from calroute.policies import make_policy
-from calroute.router import Router
+from calroute.routing.decisions import DecisionLog, decision_from_json
+from calroute.routing.ledger import Ledger
+from calroute.routing.router import Router
 from calroute.sim.simulator import ClusterShape, ClusterSim
 from calroute.types import RequestSpec, SloClass
 from tests.engines.http import request

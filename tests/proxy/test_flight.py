@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from calroute.cluster import ClusterEngine, ClusterFile
+from calroute.engines.cluster import ClusterEngine, ClusterFile
 from calroute.proxy import surface
-from calroute.proxy.flight import Flight, Invalid, validate
-from calroute.records import record_from_json, record_to_json
+from calroute.proxy.flight import Flight, Invalid, forwarded, validate
+from calroute.results.records import record_from_json, record_to_json
 from calroute.types import RequestStatus, Role, SloClass
 
 MAX_LEN = 4096
@@ -120,3 +120,14 @@ def test_models_lists_the_one_model_as_vllm_does() -> None:
     listing = surface.models(_cluster())
     assert listing["object"] == "list"
     assert [(m["id"], m["max_model_len"], m["owned_by"]) for m in listing["data"]] == [("m", MAX_LEN, "vllm")]
+
+
+def test_only_trace_context_is_forwarded_from_clients() -> None:
+    client = {
+        "traceparent": "00-abc-def-01",
+        "Authorization": "Bearer client-secret",
+        "Cookie": "x=1",
+        "x-calroute-slo": "tight",
+        "tracestate": "k=v",
+    }
+    assert forwarded(client) == {"traceparent": "00-abc-def-01", "tracestate": "k=v"}

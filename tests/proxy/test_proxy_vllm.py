@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from calroute.cluster import ClusterFile
 from calroute.engines import launch, vllm
+from calroute.engines.cluster import ClusterFile
 from calroute.engines.procs import stop_process_group
 from calroute.proxy.config import ProxyConfig
-from calroute.records import read_records
+from calroute.results.records import read_records
 from calroute.types import RequestStatus
 from tests.engines.http import metric, request, stream
 from tests.proxy.conftest import CAL

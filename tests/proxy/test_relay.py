@@ -7,8 +7,8 @@ import asyncio
 from typing import cast
 
 from calroute.proxy import relay as relay_module
+from calroute.proxy.http.client import Response
 from calroute.proxy.relay import StreamRelay
-from calroute.proxy.upstream import Response
 
 ROLE = b'data: {"choices":[{"delta":{"role":"assistant"}}]}\n\n'
 TOKEN = b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n'

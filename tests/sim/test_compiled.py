@@ -33,7 +33,9 @@ def _simulate(out: Path, args: list[str], pythonpath: Path | None) -> None:
 
 
 def test_compiled_build_is_compiled(compiled_path: Path) -> None:
-    code = "import calroute.sim.decode as d, calroute.ledger as l; print(d.__file__); print(l.__file__)"
+    code = (
+        "import calroute.sim.decode as d, calroute.routing.ledger as l; print(d.__file__); print(l.__file__)"
+    )
     env = {**os.environ, "PYTHONPATH": str(compiled_path)}
     out = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True)
     files = out.stdout.split()

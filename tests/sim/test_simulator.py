@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 from calroute.costmodel.predictors import make_predictor
 from calroute.costmodel.profiles import HardwareProfile, get_profile
-from calroute.ledger import Ledger
 from calroute.policies import POLICIES, make_policy
-from calroute.records import RecordWriter, RequestRecord
-from calroute.router import Router
+from calroute.results.records import RecordWriter, RequestRecord
+from calroute.routing.ledger import Ledger
+from calroute.routing.router import Router
 from calroute.sim.simulator import ClusterShape, ClusterSim, SimStats
 from calroute.types import Admission, ClusterView, RequestSpec, RequestStatus, RouteDecision, SloClass
 

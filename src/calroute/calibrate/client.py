@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from calroute.proxy.pd import PREFILL_KV_PARAMS
+from calroute.engines.handoff import PREFILL_KV_PARAMS
 
 # Prompt token ids: the emulator accepts [3, 4096) (0-2 are special); real models' vocabularies are larger,
 # but the tiny test model's is ~2k, so other clusters get a range every tokenizer accepts.

@@ -14,9 +14,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from calroute.cluster import ClusterEngine, ClusterFile
 from calroute.costmodel.profiles import get_profile
 from calroute.engines import vllm
+from calroute.engines.cluster import ClusterEngine, ClusterFile
 from calroute.engines.procs import free_ports, start_process_group, stop_process_group, wait_http_ready
 from calroute.errors import ConfigError
 from calroute.types import Role

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from calroute.experiments.base import bars_by_cell, goodput_table
-from calroute.experiments.cells import Cell, CellResult, Variant
+from calroute.experiments.cells import Cell, CellResult
+from calroute.routing.variant import Variant
 
 VARIANTS = (
     Variant("full", "marginal_cost"),

@@ -10,9 +10,10 @@ from typing import Protocol
 from calroute.costmodel.calibration import Calibration, mismatched
 from calroute.costmodel.profiles import HardwareProfile
 from calroute.errors import ConfigError
-from calroute.experiments.cells import Cell, Run, Variant
-from calroute.saturation import SaturationResult
-from calroute.sim.compare import SimSetup, saturate, simulate_run
+from calroute.experiments.cells import Cell, Run
+from calroute.experiments.compare import SimSetup, saturate, simulate_run
+from calroute.experiments.saturation import SaturationResult
+from calroute.routing.variant import Variant
 from calroute.sim.simulator import ClusterShape
 from calroute.workload.source import FamilyWorkload
 

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Protocol
 
 from calroute.experiments.cells import Cell, CellResult
-from calroute.records import read_records
 from calroute.report import plots
+from calroute.results.records import read_records
 from calroute.types import RequestStatus
 
 

@@ -6,19 +6,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from calroute.metrics import RunSummary
-
-
-@dataclass(frozen=True)
-class Variant:
-    """A policy under a label: the same policy with other parameters or other constants is another variant."""
-
-    label: str
-    policy: str
-    params: dict[str, Any] = field(default_factory=dict)
-    router: str = "calibrated"  # calibrated | mismatched (the paper's simulator constants) | online
-    predictor: str = "bucket"
-    predictor_noise: float = 0.0
+from calroute.results.metrics import RunSummary
+from calroute.routing.variant import Variant
 
 
 def baselines_and_product() -> tuple[Variant, ...]:

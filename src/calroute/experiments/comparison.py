@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from calroute.experiments.base import goodput_table
-from calroute.experiments.cells import Cell, CellResult, Variant
+from calroute.experiments.cells import Cell, CellResult
+from calroute.routing.variant import Variant
 
 
 @dataclass(frozen=True)

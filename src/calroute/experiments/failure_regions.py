@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from calroute.experiments.base import bars_by_cell, fmt, goodput_table
-from calroute.experiments.cells import Cell, CellResult, Variant, baselines_and_product
+from calroute.experiments.cells import Cell, CellResult, baselines_and_product
+from calroute.routing.variant import Variant
 
 PAPER_POLICY = Variant("marginal_cost-paper", "marginal_cost", {"w_b_dec": 1.0, "w_cobatch": 0.0})
 OWN_WAIT = Variant("marginal_cost-own-wait", "marginal_cost", {"w_cobatch": 0.0})

@@ -12,14 +12,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from calroute.cluster import ClusterFile
 from calroute.costmodel.calibration import Calibration
 from calroute.engines import launch
+from calroute.engines.cluster import ClusterFile
 from calroute.errors import ConfigError
-from calroute.experiments.cells import Cell, Run, Variant
+from calroute.experiments.cells import Cell, Run
+from calroute.experiments.saturation import find_saturation
 from calroute.harness.gates import require_gates
 from calroute.harness.live import LiveSetup, run_variant
-from calroute.saturation import find_saturation
+from calroute.routing.variant import Variant
 from calroute.workload.source import FamilyWorkload
 
 REPO = Path(__file__).resolve().parents[3]

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from calroute.experiments.base import goodput_table
-from calroute.experiments.cells import Cell, CellResult, Variant
+from calroute.experiments.cells import Cell, CellResult
 from calroute.report import plots
+from calroute.routing.variant import Variant
 
 LEVELS = (0.0, 0.25, 0.5, 1.0, 1.5)
 

@@ -33,10 +33,10 @@ from typing import Any
 
 import aiohttp
 
-from calroute.cluster import ClusterEngine, ClusterFile
+from calroute.engines import handoff
+from calroute.engines.cluster import ClusterEngine, ClusterFile
 from calroute.errors import CalrouteError
 from calroute.harness.prompts import prompt_ids
-from calroute.proxy import pd
 
 DEFAULT_TIMEOUT_S = 120.0  # per request: a real vLLM engine's first requests on CPU take seconds
 CONTRACT_MAX_TOKENS = (1, 7, 33)
@@ -261,11 +261,11 @@ def warm_up_pairs(
     async def pair(c: _Client, p: ClusterEngine, d: ClusterEngine) -> str | None:
         base = c.body(prompt_ids(f"gate:pair:{p.id}:{d.id}", prompt_tokens), output_tokens)
         started = time.perf_counter()
-        out = await c.post(p, "/v1/completions", pd.prefill_body(base))
+        out = await c.post(p, "/v1/completions", handoff.prefill_body(base))
         kv = out.get("kv_transfer_params") if isinstance(out, dict) else None
         if not isinstance(kv, dict) or not kv:
             return f"{p.id} -> {d.id}: the prefill answer has no kv_transfer_params"
-        handed, usage = await c.complete(d, pd.decode_body(base, kv))
+        handed, usage = await c.complete(d, handoff.decode_body(base, kv))
         handoff_s.append(time.perf_counter() - started)
         if usage != output_tokens or len(handed) != output_tokens:
             return f"{p.id} -> {d.id}: {len(handed)} tokens after the handoff, asked {output_tokens}"

@@ -19,16 +19,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from calroute import aio
-from calroute.cluster import ClusterFile
 from calroute.costmodel.calibration import Calibration, mismatched
+from calroute.engines.cluster import ClusterFile
 from calroute.engines.procs import free_port, start_process_group, stop_process_group, wait_http_ready
 from calroute.errors import CalrouteError
-from calroute.experiments.cells import Variant
 from calroute.harness.gates import reset_prefix_caches
 from calroute.harness.loadgen import drive
-from calroute.metrics import RunSink, RunSummary, SummaryAccumulator
-from calroute.records import RecordWriter
-from calroute.seeds import derive_seed
+from calroute.results.metrics import RunSink, RunSummary, SummaryAccumulator
+from calroute.results.records import RecordWriter
+from calroute.routing.seeds import derive_seed
+from calroute.routing.variant import Variant
 from calroute.types import RequestSpec, SloClass
 
 WARMUP_REQUESTS = 4

@@ -48,7 +48,7 @@ import numpy as np
 from calroute.errors import ConfigError
 from calroute.harness.prompts import prompt_json
 from calroute.proxy.oracle import ORACLE_HEADER
-from calroute.records import RequestRecord
+from calroute.results.records import RequestRecord
 from calroute.types import RequestSpec, RequestStatus, SloClass
 
 DEFAULT_MAX_LATENESS_S = 0.010

@@ -7,15 +7,35 @@ from __future__ import annotations
 
 import hmac
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from calroute.errors import ConfigError
-from calroute.proxy import codec
+from calroute.proxy.config import ProxyConfig
 from calroute.proxy.errors import json_error
-from calroute.proxy.server import Request, Response, json_response
+from calroute.proxy.http import codec
+from calroute.proxy.http.server import Request, Response, json_response
+from calroute.proxy.prompt_length import PromptLength
+from calroute.routing.ledger import Ledger
+from calroute.routing.router import Router
 
-if TYPE_CHECKING:
-    from calroute.proxy.app import Proxy
+
+class Routed(Protocol):
+    """What the admin surface reads and changes of a running proxy (proxy/app.py's Proxy)."""
+
+    cfg: ProxyConfig
+    ledger: Ledger
+    router: Router
+    prompt_length: PromptLength
+    urls: dict[str, str]
+    policy_params: dict[str, Any]
+
+    @property
+    def policy_name(self) -> str: ...
+
+    def now(self) -> float: ...
+
+    def switch_policy(self, name: str, params: dict[str, Any]) -> None: ...
+
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +50,7 @@ def authorized(token: str | None, request: Request) -> Response | None:
     return None
 
 
-def state(proxy: Proxy) -> dict[str, Any]:
+def state(proxy: Routed) -> dict[str, Any]:
     """The router as it stands: policy, prices, SLO targets, and every engine's view."""
     view = proxy.ledger.view(proxy.now())
     cal = proxy.cfg.calibration
@@ -64,7 +84,7 @@ def state(proxy: Proxy) -> dict[str, Any]:
     }
 
 
-async def set_policy(proxy: Proxy, request: Request) -> Response:
+async def set_policy(proxy: Routed, request: Request) -> Response:
     try:
         body = codec.loads(request.body)
         name = body["policy"]

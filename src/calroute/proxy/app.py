@@ -12,22 +12,22 @@ from typing import IO, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from calroute.calibrate.online import OnlineCalibrator
+from calroute.costmodel.online import OnlineCalibrator
 from calroute.costmodel.predictors import make_predictor
-from calroute.decisions import DecisionLog
-from calroute.ledger import Ledger
 from calroute.policies import make_policy
 from calroute.proxy import admin, surface
 from calroute.proxy.config import ENGINE_KEEPALIVE_S, ProxyConfig
 from calroute.proxy.generate import Generation
+from calroute.proxy.http.client import Endpoint
+from calroute.proxy.http.server import Request, Response, Server, json_response
 from calroute.proxy.looplag import LoopLag
 from calroute.proxy.metrics import ProxyMetrics
 from calroute.proxy.prompt_length import PromptLength
-from calroute.proxy.server import Request, Response, Server, json_response
 from calroute.proxy.signals import Signals
-from calroute.proxy.upstream import Endpoint
-from calroute.records import RecordWriter
-from calroute.router import Router
+from calroute.results.records import RecordWriter
+from calroute.routing.decisions import DecisionLog
+from calroute.routing.ledger import Ledger
+from calroute.routing.router import Router
 
 
 class Proxy:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from calroute.proxy.server import Response, error_body
+from calroute.proxy.http.server import Response, error_body
 
 
 def json_error(

@@ -4,19 +4,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from calroute.proxy import codec, pd
+from calroute.proxy.http import codec
 from calroute.proxy.oracle import ORACLE_HEADER, oracle_tokens
 from calroute.proxy.slo import slo_class
-from calroute.records import RequestRecord
+from calroute.results.records import RequestRecord
 from calroute.types import RequestStatus, SloClass
 
 if TYPE_CHECKING:
     from calroute.proxy.config import ProxyConfig
+    from calroute.proxy.http.server import Request, Stream
     from calroute.proxy.prompt_length import PromptLength
-    from calroute.proxy.server import Request, Stream
+
+# The only client headers that reach an engine (trace context); everything else is dropped, credentials
+# included: engines get the proxy's own key, if any.
+FORWARDED_HEADERS = ("traceparent", "tracestate")
+
+
+def forwarded(headers: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k in FORWARDED_HEADERS if (v := headers.get(k)) is not None}
 
 
 @dataclass
@@ -127,7 +136,7 @@ def board(
         tokens,
         chars,
         max_tokens if isinstance(max_tokens, int) else 0,
-        forwarded=pd.forwarded(request.headers),
+        forwarded=forwarded(request.headers),
         oracle_tokens=true_tokens,
     )
     return body, flight

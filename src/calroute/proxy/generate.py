@@ -17,20 +17,21 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from calroute.engines import handoff
 from calroute.errors import NoCandidateError
-from calroute.proxy import codec, pd
 from calroute.proxy.config import SLOW_STEPS_PER_TOKEN, ProxyConfig
 from calroute.proxy.errors import ClientGone, EngineFailed, json_error
 from calroute.proxy.flight import Flight, Invalid, board
+from calroute.proxy.http import codec
+from calroute.proxy.http.client import Endpoint, UpstreamError
+from calroute.proxy.http.client import Response as EngineResponse
+from calroute.proxy.http.server import Request, Response, Stream
 from calroute.proxy.metrics import ProxyMetrics
 from calroute.proxy.prompt_length import PromptLength
 from calroute.proxy.relay import StreamRelay
-from calroute.proxy.server import Request, Response, Stream
 from calroute.proxy.signals import Signals
-from calroute.proxy.upstream import Endpoint, UpstreamError
-from calroute.proxy.upstream import Response as EngineResponse
-from calroute.records import RecordWriter
-from calroute.router import Router
+from calroute.results.records import RecordWriter
+from calroute.routing.router import Router
 from calroute.types import RequestStatus
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -153,7 +154,7 @@ class Generation:
                 "POST",
                 path,
                 self._headers(f),
-                codec.dumps(pd.prefill_body(body)),
+                codec.dumps(handoff.prefill_body(body)),
                 read_timeout_s=self.cfg.prefill_timeout_s,
             )
             async with r:
@@ -191,7 +192,7 @@ class Generation:
                 "POST",
                 path,
                 self._headers(f),
-                codec.dumps(pd.decode_body(body, kv)),
+                codec.dumps(handoff.decode_body(body, kv)),
                 read_timeout_s=self._silence_bound_s(body, f),
             )
             async with r:
@@ -201,7 +202,7 @@ class Generation:
                     return await self._client_error(f, r.status, await r.read())
                 if not body.get("stream"):
                     return await self._relay_json(r, f)
-                return await self._relay_stream(request, r, f, pd.client_wants_usage(body))
+                return await self._relay_stream(request, r, f, handoff.client_wants_usage(body))
         except (UpstreamError, TimeoutError) as e:
             raise EngineFailed(f.decode_id, "decode", f"{type(e).__name__}: {e}") from e
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from calroute.proxy.sse import scan
-from calroute.proxy.upstream import Response
+from calroute.proxy.http.client import Response
+from calroute.proxy.http.sse import scan
 
 CLIENT_BUFFER_BYTES = 256 * 1024  # unsent bytes to a slow client before the engine is paused
 CLIENT_CHECK_S = 0.01  # how often a paused relay looks whether the client caught up

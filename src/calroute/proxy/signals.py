@@ -13,9 +13,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from calroute.cluster import ClusterEngine
-from calroute.ledger import Ledger
-from calroute.proxy.scrape import ScrapeError, Scraper
+from calroute.engines.cluster import ClusterEngine
+from calroute.proxy.http.scrape import ScrapeError, Scraper
+from calroute.routing.ledger import Ledger
 
 logger = logging.getLogger(__name__)
 

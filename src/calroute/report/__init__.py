@@ -1,1 +1,1 @@
-"""Reports: Markdown tables and PNG plots of experiment results."""
+"""PNG plots of results (the only package that imports matplotlib); experiments/report.py writes Markdown."""

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from calroute.costmodel.calibration import DecodeCurve, PrefillCurve
 from calroute.costmodel.profiles import EngineLimits
-from calroute.heap import Entry, MinHeap
+from calroute.routing.heap import Entry, MinHeap
 from calroute.sim.kernel import URGENT, Kernel
 from calroute.sim.requests import SimRequest
 from calroute.sim.sampling import HeldMetrics, Sample

@@ -2,7 +2,7 @@
 
 Ties in time go to the lower priority value, then to the earlier scheduled event (seq, a per-kernel
 counter), so a run is deterministic and independent of any other kernel in the process. The kernel knows
-nothing about LLMs; the cluster model schedules plain callbacks. The heap is calroute.heap's, keyed by
+nothing about LLMs; the cluster model schedules plain callbacks. The heap is calroute.routing.heap's, keyed by
 time with priority and seq packed into its order.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final, cast
 
-from calroute.heap import COMPILED, Entry, MinHeap
+from calroute.routing.heap import COMPILED, Entry, MinHeap
 
 URGENT: Final = 0  # completions and releases: applied before decisions at the same instant
 NORMAL: Final = 1
@@ -34,7 +34,7 @@ class _Event(Entry):
 
 class Kernel:
     def __init__(self, written_heap: bool = COMPILED) -> None:
-        """``written_heap``: which of the heap's two implementations (calroute.heap); the default suits
+        """``written_heap``: which of the two heaps (calroute.routing.heap); the default suits
         the build."""
         self.now_s = 0.0
         self._heap = MinHeap(written_heap)

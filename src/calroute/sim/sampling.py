@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable
 from typing import Final
 
-from calroute.ledger import Ledger
+from calroute.routing.ledger import Ledger
 from calroute.types import SlottedValue
 
 

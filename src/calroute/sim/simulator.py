@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from calroute.costmodel.profiles import HardwareProfile
 from calroute.errors import ConfigError
-from calroute.heap import Entry, MinHeap
-from calroute.records import RequestRecord
-from calroute.router import Router
+from calroute.results.records import RequestRecord
+from calroute.routing.heap import Entry, MinHeap
+from calroute.routing.router import Router
 from calroute.sim.decode import DecodeInstance
 from calroute.sim.kernel import Kernel
 from calroute.sim.prefill import PrefillInstance

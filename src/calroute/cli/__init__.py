@@ -1,0 +1,1 @@
+"""The calroute command line (app.py assembles the commands; one module per command group)."""

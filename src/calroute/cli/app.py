@@ -1,0 +1,53 @@
+"""The calroute command line: thin wrappers over library functions; logging and output live here only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from calroute.cli.bench import bench
+from calroute.cli.calibrate import calibrate
+from calroute.cli.common import err
+from calroute.cli.engines import engines_app
+from calroute.cli.experiment import experiment, report
+from calroute.cli.run import run
+from calroute.cli.serve import serve
+from calroute.cli.simulate import profile_cmd, simulate
+from calroute.engines.procs import stop_on_sigterm
+from calroute.errors import CalrouteError, ConfigError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+app.add_typer(engines_app, name="engines")
+app.command()(simulate)
+app.command()(serve)
+app.command()(experiment)
+app.command()(run)
+app.command()(bench)
+app.command()(calibrate)
+app.command("report")(report)
+app.command("profile")(profile_cmd)
+
+
+@app.command()
+def demo(
+    out_dir: Annotated[Path, typer.Option("--out", help="where the report goes")] = Path("out/demo"),
+    seeds: Annotated[int, typer.Option(help="arrival traces run live (the simulator always runs 3)")] = 1,
+) -> None:
+    """The main job: a calibrated 2P+4D emulated cluster, the four policies live through the proxy."""
+    from calroute.cli.demo import run_demo
+
+    try:
+        if not 1 <= seeds <= 10:
+            raise ConfigError(f"--seeds must be in [1, 10], got {seeds}")
+        run_demo(out_dir, seeds)
+    except CalrouteError as e:
+        err.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from e
+
+
+def main() -> None:
+    # Long-running subcommands that serve (`serve`, `engines emulate`) install their own SIGTERM handlers.
+    stop_on_sigterm()
+    app()

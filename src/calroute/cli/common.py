@@ -1,0 +1,77 @@
+"""What every command shares: the consoles, errors, the progress bar, tables and --param parsing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from calroute.costmodel.calibration import Calibration
+from calroute.costmodel.profiles import HardwareProfile, get_profile, profile_from_calibration
+from calroute.errors import ConfigError
+from calroute.experiments.compare import RunResult
+from calroute.results.tables import RunRow, by_policy
+
+err = Console(stderr=True)
+# Piped output (logs, CI) would otherwise be cut at 80 columns, which truncates the comparison table.
+out = Console() if Console().is_terminal else Console(width=120)
+
+
+def parse_param_options(items: list[str], policies: list[str]) -> dict[str, dict[str, str]]:
+    params: dict[str, dict[str, str]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        policy, dot, name = key.partition(".")
+        if not sep or not dot or not name:
+            raise ConfigError(f"--param {item!r}: expected POLICY.NAME=VALUE, e.g. marginal_cost.rho=2")
+        if policy not in policies:
+            raise ConfigError(
+                f"--param {item!r}: policy {policy!r} is not in --policies ({','.join(policies)})"
+            )
+        params.setdefault(policy, {})[name] = value
+    return params
+
+
+def progress_bar() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    )
+
+
+def print_table(results: list[RunResult], title: str) -> None:
+    rows = [RunRow(r.policy, r.seed, r.summary) for r in results]
+    policies = by_policy(rows)
+    seeds = sorted({r.seed for r in rows})
+    caption = "goodput per seed s0.., mean, spread (max - min); P99 latencies: mean over seeds"
+    table = Table(title=title, caption=caption)
+    table.add_column("policy", no_wrap=True)
+    for s in seeds:
+        table.add_column(f"s{s}", justify="right", no_wrap=True, min_width=5)
+    for col in ("mean", "spread", "P99 TTFT s", "P99 TPOT s"):
+        table.add_column(col, justify="right", no_wrap=True)
+    best = max(p.mean_goodput for p in policies)
+    for p in policies:
+        mean = f"{p.mean_goodput:.3f}"
+        table.add_row(
+            p.policy,
+            *[f"{g:.3f}" for g in p.goodputs],
+            f"[bold green]{mean}[/]" if p.mean_goodput == best else mean,
+            f"{p.spread:.3f}",
+            "-" if p.ttft_p99_s is None else f"{p.ttft_p99_s:.3f}",
+            "-" if p.tpot_p99_s is None else f"{p.tpot_p99_s:.4f}",
+        )
+    out.print(table)
+
+
+def load_profile(profile: str, calibration: Path | None) -> HardwareProfile:
+    if calibration is not None:
+        return profile_from_calibration(Calibration.load(calibration), get_profile(profile).limits)
+    return get_profile(profile)

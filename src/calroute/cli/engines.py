@@ -1,0 +1,146 @@
+"""`calroute engines ...`: run emulated engines, bring a cluster up, take it down."""
+
+from __future__ import annotations
+
+import logging
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from calroute.costmodel.calibration import Calibration
+from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile, profile_from_calibration, profile_names
+from calroute.engines.cluster import ClusterFile
+from calroute.errors import CalrouteError, ConfigError
+from calroute.types import Role
+
+engines_app = typer.Typer(no_args_is_help=True, help="Engines: the vLLM emulator, real vLLM, cluster files.")
+err = Console(stderr=True)
+
+
+class Kind(StrEnum):
+    emulated = "emulated"
+    vllm = "vllm"
+
+
+def _fail(e: CalrouteError) -> typer.Exit:
+    err.print(f"[red]error:[/] {e}")
+    return typer.Exit(2)
+
+
+@engines_app.command()
+def emulate(
+    engine: Annotated[list[str], typer.Option(help="ROLE:PORT, e.g. prefill:8100 (repeatable; port 0: any)")],
+    profile: Annotated[
+        str, typer.Option(help=f"hardware profile: {', '.join(profile_names())}")
+    ] = DEFAULT_PROFILE,
+    calibration: Annotated[
+        Path | None, typer.Option(help="time engines by a calibration file's curves")
+    ] = None,
+    time_scale: Annotated[float, typer.Option(min=0.001, help="multiply every modelled duration")] = 1.0,
+    stream_interval: Annotated[int, typer.Option(min=1, help="tokens per SSE chunk after the first")] = 1,
+    model: Annotated[str, typer.Option(help="served model name")] = "emulated",
+    host: Annotated[str, typer.Option(help="address to bind (loopback by default)")] = "127.0.0.1",
+    kv_lease_s: Annotated[
+        float, typer.Option(min=0.0, help="how long a prefill engine holds unpulled KV")
+    ] = 30.0,
+    kv_load_failure_policy: Annotated[
+        str, typer.Option(help="fail or recompute when a KV pull fails")
+    ] = "fail",
+    handshake_timeout_s: Annotated[
+        float, typer.Option(min=0.0, help="unreachable prefill engine: fail after")
+    ] = 5.0,
+    seed: Annotated[int, typer.Option(help="seed of injected faults")] = 0,
+) -> None:
+    """Serve emulated vLLM engines (GPU-like timing from a hardware profile) until SIGTERM."""
+    from calroute.engines.emulate import run
+    from calroute.engines.group import EngineSpec, GroupConfig
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        specs = []
+        for item in engine:
+            role, _, port = item.partition(":")
+            try:
+                specs.append(EngineSpec(Role(role), int(port or 0)))
+            except ValueError as e:
+                raise ConfigError(f"--engine {item!r}: expected prefill:PORT or decode:PORT") from e
+        hw = get_profile(profile)
+        if calibration is not None:
+            hw = profile_from_calibration(Calibration.load(calibration), hw.limits)
+        if kv_load_failure_policy not in ("fail", "recompute"):
+            raise ConfigError(
+                f"--kv-load-failure-policy must be fail or recompute, got {kv_load_failure_policy!r}"
+            )
+        config = GroupConfig(
+            profile=hw,
+            model_name=model,
+            host=host,
+            time_scale=time_scale,
+            stream_interval=stream_interval,
+            kv_lease_s=kv_lease_s,
+            kv_failure_policy=kv_load_failure_policy,
+            handshake_timeout_s=handshake_timeout_s,
+            seed=seed,
+        )
+    except CalrouteError as e:
+        raise _fail(e) from e
+    run(config, specs)
+
+
+@engines_app.command()
+def up(
+    prefill: Annotated[int, typer.Option(min=1, help="prefill engines")] = 1,
+    decode: Annotated[int, typer.Option(min=1, help="decode engines")] = 1,
+    kind: Annotated[
+        Kind, typer.Option(help="emulated engines, or real vLLM (CPU build, tiny model)")
+    ] = Kind.emulated,
+    profile: Annotated[str, typer.Option(help="emulated: hardware profile")] = DEFAULT_PROFILE,
+    calibration: Annotated[Path | None, typer.Option(help="emulated: time by a calibration file")] = None,
+    time_scale: Annotated[float, typer.Option(min=0.001, help="emulated: multiply modelled durations")] = 1.0,
+    stream_interval: Annotated[int, typer.Option(min=1, help="emulated: tokens per SSE chunk")] = 1,
+    process_per_engine: Annotated[bool, typer.Option(help="emulated: one process per engine")] = False,
+    out: Annotated[Path, typer.Option(help="the cluster file to write")] = Path("cluster.yaml"),
+    log_dir: Annotated[Path, typer.Option(help="engine logs")] = Path("out/engines"),
+) -> None:
+    """Start engines, wait until they are healthy, write the cluster file."""
+    from calroute.engines import launch
+
+    try:
+        if kind is Kind.emulated:
+            launched = launch.up_emulated(
+                prefill,
+                decode,
+                log_dir,
+                profile=profile,
+                calibration=calibration,
+                time_scale=time_scale,
+                stream_interval=stream_interval,
+                process_per_engine=process_per_engine,
+            )
+        else:
+            launched = launch.up_vllm(prefill, decode, log_dir, repo_root=Path.cwd())
+    except CalrouteError as e:
+        raise _fail(e) from e
+    cluster = launched.file
+    cluster.save(out)
+    for engine in cluster.engines:
+        err.print(f"{engine.id:>10}  {engine.url}")
+    err.print(f"wrote {out}; stop with: calroute engines down {out}")
+
+
+@engines_app.command()
+def down(
+    cluster_file: Annotated[Path, typer.Argument(help="a cluster file written by `engines up`")],
+) -> None:
+    """Stop every engine process a cluster file names."""
+    from calroute.engines import launch
+
+    try:
+        cluster = ClusterFile.load(cluster_file)
+        launch.down(cluster)
+    except CalrouteError as e:
+        raise _fail(e) from e
+    err.print(f"stopped {len(cluster.pgids)} process group(s)")

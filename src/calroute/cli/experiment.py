@@ -1,0 +1,101 @@
+"""`calroute experiment NAME` and `calroute report DIR`."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from calroute.errors import CalrouteError, ConfigError
+
+err = Console(stderr=True)
+
+
+class BackendKind(StrEnum):
+    sim = "sim"
+    emulated = "emulated"
+    vllm = "vllm"
+
+
+def experiment(
+    name: Annotated[str, typer.Argument(help="an experiment name, or all")],
+    backend: Annotated[BackendKind, typer.Option(help="where to run it")] = BackendKind.sim,
+    quick: Annotated[bool, typer.Option(help="small and fast: one seed, fewer points and requests")] = False,
+    out: Annotated[Path, typer.Option(help="results directory (resumable: finished cells are kept)")] = Path(
+        "out/experiments"
+    ),
+    requests: Annotated[
+        int | None, typer.Option(help="requests per run (default: by backend and --quick)")
+    ] = None,
+    seeds: Annotated[int | None, typer.Option(help="seeds per variant (default: 3, --quick 1)")] = None,
+    time_scale: Annotated[
+        float, typer.Option(help="emulated engines: modelled durations times this (0.5: a GPU twice as fast)")
+    ] = 1.0,
+    saturation: Annotated[
+        str,
+        typer.Option(
+            help="live backends: find the saturation rate live, or on the calibrated simulator (sim)"
+        ),
+    ] = "live",
+) -> None:
+    """Run one of the paper's experiments (or all) and write its results and report section."""
+    from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile
+    from calroute.experiments import EXPERIMENTS, get_experiment
+    from calroute.experiments.backends import Backend, SimBackend
+    from calroute.experiments.report import write_report
+    from calroute.experiments.runner import Scale, run_experiment, scale_for
+
+    try:
+        names = list(EXPERIMENTS) if name == "all" else [get_experiment(name).name]
+        default = scale_for(backend.value, quick)
+        if (requests is not None and requests < 1) or (seeds is not None and seeds < 1):
+            raise ConfigError(f"--requests and --seeds must be >= 1, got {requests}, {seeds}")
+        scale = Scale(requests or default.requests, tuple(range(seeds)) if seeds else default.seeds)
+        if backend is not BackendKind.sim:
+            from calroute.experiments.live import live_backend
+
+            be: Backend = live_backend(
+                backend.value, out / backend.value / "_clusters", err.print, quick, time_scale, saturation
+            )
+        else:
+            if time_scale != 1.0 or saturation != "live":
+                raise ConfigError("--time-scale and --saturation apply to live backends only")
+            be = SimBackend(get_profile(DEFAULT_PROFILE))
+        try:
+            for n in names:
+                run_experiment(
+                    get_experiment(n),
+                    be,
+                    quick,
+                    out / backend.value,
+                    progress=err.print,
+                    scale=scale,
+                    # "out": the report's command line names the --out given, wherever the results are moved
+                    extra_manifest={"time_scale": time_scale, "saturation": saturation, "out": str(out)},
+                )
+        finally:
+            close = getattr(be, "close", None)
+            if close is not None:
+                close()
+        report = write_report(out / backend.value)
+    except CalrouteError as e:
+        err.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from e
+    err.print(f"report: {report}")
+
+
+def report(
+    directory: Annotated[Path, typer.Argument(help="a results directory (calroute experiment --out)")],
+) -> None:
+    """Assemble every experiment's results under DIR into one Markdown report with plots."""
+    from calroute.experiments.report import write_report
+
+    try:
+        path = write_report(directory)
+    except CalrouteError as e:
+        err.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from e
+    err.print(f"wrote {path}")

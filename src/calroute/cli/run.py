@@ -1,0 +1,96 @@
+"""`calroute run`: compare policies live on a running cluster (the paper's measurement protocol)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from calroute.errors import CalrouteError, ConfigError
+from calroute.workload.families import FAMILIES
+
+err = Console(stderr=True)
+
+
+def run(
+    cluster: Annotated[Path, typer.Option(help="cluster file (calroute engines up)")],
+    workload: Annotated[str, typer.Option(help=f"workload family: {', '.join(FAMILIES)}")] = "mixed-bursty",
+    policies: Annotated[str, typer.Option(help="comma-separated policies")] = (
+        "round_robin,least_loaded,length_heuristic,marginal_cost"
+    ),
+    seeds: Annotated[int, typer.Option(min=1, help="runs per policy, seeds 0..K-1")] = 3,
+    rate: Annotated[float | None, typer.Option(help="arrival rate, requests/s")] = None,
+    saturate_: Annotated[
+        bool, typer.Option("--saturate", help="probe rates until round_robin is mid-collapse")
+    ] = (False),
+    requests: Annotated[int, typer.Option(min=1, help="requests per run")] = 600,
+    calibration: Annotated[
+        Path | None, typer.Option(help="the cluster's calibration (default: calibrate it first, about 60 s)")
+    ] = None,
+    out: Annotated[Path, typer.Option(help="results directory (resumable: finished runs are kept)")] = Path(
+        "out/run"
+    ),
+    param: Annotated[
+        list[str] | None, typer.Option(help="policy parameter, POLICY.NAME=VALUE (repeatable)")
+    ] = None,
+) -> None:
+    """Gate, calibrate, then for each policy and seed: fresh proxy, reset caches, warm up, drive, collect."""
+    from calroute.cli.common import parse_param_options, print_table
+    from calroute.costmodel.calibration import Calibration
+    from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile
+    from calroute.engines.cluster import ClusterFile
+    from calroute.experiments.compare import RunResult
+    from calroute.experiments.comparison import Comparison, summary_json
+    from calroute.experiments.live import LiveBackend
+    from calroute.experiments.runner import Scale, run_experiment
+    from calroute.harness.gates import require_gates
+    from calroute.harness.live import LiveSetup
+    from calroute.policies import make_policy
+    from calroute.sim.simulator import SimStats
+
+    try:
+        if (rate is None) == (not saturate_):
+            raise ConfigError("give exactly one of --rate and --saturate")
+        if workload not in FAMILIES:
+            raise ConfigError(f"unknown workload {workload!r}; known: {', '.join(FAMILIES)}")
+        names = tuple(p.strip() for p in policies.split(",") if p.strip())
+        params = parse_param_options(param or [], list(names))
+        for name in names:  # a bad policy, parameter or value fails here, before the gates and calibration
+            make_policy(name, params.get(name, {}), get_profile(DEFAULT_PROFILE).calibration)
+        c = ClusterFile.load(cluster)
+        require_gates(c)
+        err.print("correctness gates passed")
+        out.mkdir(parents=True, exist_ok=True)
+        if calibration is not None:
+            cal = Calibration.load(calibration)
+        elif (out / "calibration.json").exists():
+            cal = Calibration.load(out / "calibration.json")
+        else:
+            from calroute.calibrate.run import calibrate_cluster
+
+            cal, _ = calibrate_cluster(c, 60.0, err.print)
+            cal.save(out / "calibration.json")
+        backend = LiveBackend(c.kind, out, err.print, fixed=LiveSetup(c, cluster, cal))
+        comparison = Comparison(len(c.prefill), len(c.decode), workload, names, rate, params=params)
+        (result,) = run_experiment(
+            comparison,
+            backend,
+            False,
+            out,
+            progress=err.print,
+            scale=Scale(requests, tuple(range(seeds))),
+            extra_manifest={"cluster": str(cluster), "calibration": cal.provenance},
+        )
+    except CalrouteError as e:
+        err.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from e
+    (out / "summary.json").write_text(json.dumps(summary_json(result), indent=2) + "\n")
+    stats = SimStats(0, 0, 0.0, 0, {})
+    print_table(
+        [RunResult(r.label, r.seed, result.rate_rps, r.summary, stats, None) for r in result.runs],
+        f"{workload}, {len(c.prefill)}P+{len(c.decode)}D live ({c.kind}), {result.rate_rps:.2f} req/s",
+    )
+    err.print(f"wrote {out}/summary.json and per-run records under {out}/comparison/")

@@ -1,0 +1,218 @@
+"""`calroute simulate` and `calroute profile`: policy comparisons on the simulated cluster."""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from calroute.cli.common import err, load_profile, parse_param_options, print_table, progress_bar
+from calroute.costmodel.calibration import Calibration
+from calroute.costmodel.predictors import PREDICTOR_NAMES
+from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile, profile_names
+from calroute.errors import CalrouteError, ConfigError
+from calroute.experiments.compare import RunResult, SimSetup, compare, saturate
+from calroute.experiments.saturation import Probe
+from calroute.policies import policy_names
+from calroute.results.tables import RunRow, markdown_table
+from calroute.sim.simulator import ClusterShape
+from calroute.workload.families import FAMILIES
+from calroute.workload.source import FamilyWorkload, TraceWorkload, WorkloadSource
+
+DEFAULT_POLICIES = "round_robin,least_loaded,length_heuristic,marginal_cost"
+Workload = Enum("Workload", {f: f for f in FAMILIES}, type=str)  # type: ignore[misc]
+
+
+def run_simulation(
+    setup: SimSetup,
+    workload: WorkloadSource,
+    policies: list[str],
+    seeds: list[int],
+    rate_rps: float | None,
+    saturate_target: float | None,
+    out_dir: Path | None,
+) -> tuple[list[RunResult], dict[str, Any]]:
+    """The body of `calroute simulate` (and of the demo): the runs, and the JSON summary object."""
+    saturation: dict[str, Any] | None = None
+    if saturate_target is not None:
+        with progress_bar() as progress:
+            task = progress.add_task("saturation search (round_robin)", total=None)
+
+            def on_probe(p: Probe) -> None:
+                progress.advance(task)
+                progress.update(
+                    task, description=f"saturation search: {p.rate_rps:.2f} req/s -> {p.goodput:.3f}"
+                )
+
+            sat = saturate(setup, workload, target=saturate_target, seeds=seeds, on_probe=on_probe)
+        rate_rps = sat.rate_rps
+        saturation = {
+            "target": sat.target,
+            "reference_policy": "round_robin",
+            "probes": [{"rate_rps": p.rate_rps, "goodput": p.goodput} for p in sat.probes],
+        }
+        err.print(f"saturation: round_robin goodput crosses {sat.target} at {sat.rate_rps:.2f} req/s")
+    with progress_bar() as progress:
+        task = progress.add_task("simulating", total=len(policies) * len(seeds))
+
+        def on_run(r: RunResult) -> None:
+            progress.advance(task)
+            progress.update(task, description=f"{r.policy} seed {r.seed}: goodput {r.summary.goodput:.3f}")
+
+        results = compare(setup, workload, policies, seeds, rate_rps, out_dir, on_run)
+    result = {
+        "rate_rps": rate_rps,
+        "runs": [
+            {
+                "policy": r.policy,
+                "seed": r.seed,
+                "requests": r.summary.requests,
+                "goodput": r.summary.goodput,
+                "ttft_p50_s": r.summary.ttft_p50_s,
+                "ttft_p99_s": r.summary.ttft_p99_s,
+                "tpot_p50_s": r.summary.tpot_p50_s,
+                "tpot_p99_s": r.summary.tpot_p99_s,
+                "status_counts": r.summary.status_counts,
+                "records": None if r.records_path is None else str(r.records_path),
+            }
+            for r in results
+        ],
+        "workload": workload.describe(),
+        "cluster": {"prefill": setup.shape.prefill, "decode": setup.shape.decode},
+        "profile": setup.profile.name,
+        "router_calibration": setup.router_calibration.provenance.get("source"),
+        "predictor": {"name": setup.predictor, "noise": setup.predictor_noise},
+        "sample_interval_s": setup.sample_interval_s,
+        "slo": {
+            "tight_ttft_s": setup.profile.calibration.slo.tight_ttft_s,
+            "tight_tpot_s": setup.profile.calibration.slo.tight_tpot_s,
+            "loose_factor": setup.profile.calibration.slo.loose_factor,
+        },
+        "saturation": saturation,
+    }
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
+        rows = [RunRow(r.policy, r.seed, r.summary) for r in results]
+        (out_dir / "table.md").write_text(markdown_table(rows))
+    return results, result
+
+
+def simulate(
+    workload: Annotated[Workload | None, typer.Option(help="a synthetic workload family")] = None,
+    trace: Annotated[
+        Path | None, typer.Option(help="a trace file: Azure CSV, Mooncake JSONL, lengths CSV")
+    ] = None,
+    prefill: Annotated[int, typer.Option(min=1, help="prefill instances")] = 2,
+    decode: Annotated[int, typer.Option(min=1, help="decode instances")] = 4,
+    policies: Annotated[str, typer.Option(help=f"comma-separated, from: {', '.join(policy_names())}")] = (
+        DEFAULT_POLICIES
+    ),
+    seeds: Annotated[int, typer.Option(min=1, help="runs per policy, seeds 0..K-1")] = 3,
+    rate: Annotated[float | None, typer.Option(help="arrival rate, requests/s")] = None,
+    saturate_: Annotated[
+        bool, typer.Option("--saturate", help="run at the rate where round_robin is mid-collapse")
+    ] = False,
+    saturation_target: Annotated[float, typer.Option(help="round_robin goodput defining saturation")] = 0.85,
+    requests: Annotated[int, typer.Option(min=1, help="requests per run (a trace: the first N)")] = 2000,
+    tight_fraction: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="share of tight-SLO requests")
+    ] = 0.5,
+    predictor: Annotated[str, typer.Option(help=f"output-length predictor: {', '.join(PREDICTOR_NAMES)}")] = (
+        "bucket"
+    ),
+    predictor_noise: Annotated[float, typer.Option(min=0.0, help="relative error injected, e.g. 0.5")] = 0.0,
+    sample_interval_s: Annotated[
+        float, typer.Option(help="seconds between the engines' metrics samples (the proxy polls every 0.05)")
+    ] = 0.05,
+    profile: Annotated[
+        str, typer.Option(help=f"hardware profile: {', '.join(profile_names())}")
+    ] = DEFAULT_PROFILE,
+    calibration: Annotated[
+        Path | None, typer.Option(help="calibration JSON: the simulated hardware, SLOs and router constants")
+    ] = None,
+    router_calibration: Annotated[
+        Path | None, typer.Option(help="calibration JSON for the router's constants only (a mismatch study)")
+    ] = None,
+    param: Annotated[
+        list[str] | None, typer.Option(help="policy parameter, POLICY.NAME=VALUE (repeatable)")
+    ] = None,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="write records, summary.json, table.md")
+    ] = None,
+    json_: Annotated[bool, typer.Option("--json", help="print one JSON object to stdout")] = False,
+) -> None:
+    """Compare routing policies on the simulated prefill/decode cluster."""
+    try:
+        if (workload is None) == (trace is None):
+            raise ConfigError("give exactly one of --workload and --trace")
+        if rate is not None and saturate_:
+            raise ConfigError("give at most one of --rate and --saturate")
+        if rate is not None and rate <= 0:
+            raise ConfigError(f"--rate must be > 0, got {rate}")
+        if not sample_interval_s > 0:
+            raise ConfigError(f"--sample-interval-s must be > 0, got {sample_interval_s}")
+        policy_list = [p.strip() for p in policies.split(",") if p.strip()]
+        unknown = [p for p in policy_list if p not in policy_names()]
+        if unknown or not policy_list:
+            raise ConfigError(f"--policies: unknown {unknown}; known: {', '.join(policy_names())}")
+        if trace is not None and not trace.is_file():
+            raise ConfigError(f"--trace {trace}: no such file")
+        hw = load_profile(profile, calibration)
+        router_cal = Calibration.load(router_calibration) if router_calibration else hw.calibration
+        setup = SimSetup(
+            profile=hw,
+            shape=ClusterShape(prefill, decode),
+            router_calibration=router_cal,
+            predictor=predictor,
+            predictor_noise=predictor_noise,
+            sample_interval_s=sample_interval_s,
+            policy_params=parse_param_options(param or [], policy_list),
+        )
+        source: WorkloadSource = (
+            FamilyWorkload(workload.value, requests, tight_fraction)
+            if workload is not None
+            else TraceWorkload(trace, requests, tight_fraction)  # type: ignore[arg-type]
+        )
+        results, result = run_simulation(
+            setup,
+            source,
+            policy_list,
+            list(range(seeds)),
+            rate,
+            saturation_target if saturate_ else None,
+            out_dir,
+        )
+    except CalrouteError as e:
+        err.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from e
+    if json_:
+        sys.stdout.write(json.dumps(result) + "\n")
+        return
+    rate_s = "native" if result["rate_rps"] is None else f"{result['rate_rps']:.2f} req/s"
+    print_table(results, f"{source.name}, {prefill}P+{decode}D, {rate_s}, {hw.name}")
+    if out_dir is not None:
+        err.print(f"wrote {out_dir}/summary.json, {out_dir}/table.md and {out_dir}/records/")
+
+
+def profile_cmd(
+    name: Annotated[str, typer.Argument(help=f"one of: {', '.join(profile_names())}")] = DEFAULT_PROFILE,
+    out_file: Annotated[
+        Path | None, typer.Option("--out", help="write the profile as a calibration file")
+    ] = None,
+) -> None:
+    """Show a hardware profile's constants (or save them as a calibration file)."""
+    try:
+        hw = get_profile(name)
+    except CalrouteError as e:
+        err.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from e
+    if out_file is not None:
+        hw.calibration.save(out_file)
+        err.print(f"wrote {out_file}")
+    else:
+        sys.stdout.write(hw.calibration.to_json())

@@ -1,0 +1,128 @@
+"""Policy comparisons on the simulator: one run per (policy, seed), records streamed to disk."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from calroute.costmodel.calibration import Calibration
+from calroute.costmodel.online import OnlineCalibrator
+from calroute.costmodel.predictors import make_predictor
+from calroute.costmodel.profiles import HardwareProfile
+from calroute.experiments.saturation import Probe, SaturationResult, find_saturation
+from calroute.policies import make_policy
+from calroute.results.metrics import RunSink, RunSummary, SummaryAccumulator
+from calroute.results.records import RecordWriter
+from calroute.routing.ledger import Ledger
+from calroute.routing.router import Router
+from calroute.routing.seeds import derive_seed
+from calroute.sim.simulator import ClusterShape, ClusterSim, SimStats
+from calroute.types import RequestSpec
+from calroute.workload.source import WorkloadSource
+
+
+@dataclass(frozen=True)
+class SimSetup:
+    """Everything but the policy, the seed and the requests."""
+
+    profile: HardwareProfile
+    shape: ClusterShape
+    router_calibration: Calibration  # what the policy prices with; the profile is what the hardware does
+    predictor: str = "bucket"
+    predictor_noise: float = 0.0
+    policy_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    sample_interval_s: float = 0.05
+    online_calibration: bool = False  # refit the router's constants from completed requests as they come
+
+
+@dataclass(frozen=True)
+class RunResult:
+    policy: str
+    seed: int
+    rate_rps: float | None
+    summary: RunSummary
+    stats: SimStats
+    records_path: Path | None
+
+
+def simulate_run(
+    setup: SimSetup,
+    policy: str,
+    requests: Sequence[RequestSpec],
+    seed: int,
+    rate_rps: float | None = None,
+    records_path: Path | None = None,
+    label: str | None = None,
+) -> RunResult:
+    """One simulated run. With ``records_path``, every record is streamed to that JSONL file; ``label``
+    names the run in its records (default: the policy)."""
+    params = dict(setup.policy_params.get(policy, {}))
+    if policy in ("random", "power_of_two") and "seed" not in params:
+        params["seed"] = derive_seed(seed, "policy")
+    pol = make_policy(policy, params, setup.router_calibration)
+    predictor = make_predictor(
+        setup.predictor, noise=setup.predictor_noise, seed=derive_seed(seed, "predictor")
+    )
+    ledger = Ledger(setup.shape.instances(setup.profile.limits.kv_capacity_tokens), setup.router_calibration)
+    online = None
+    if setup.online_calibration:
+        online = (OnlineCalibrator(setup.router_calibration), lambda cal: make_policy(policy, params, cal))
+    router = Router(pol, predictor, ledger, online=online)
+    sim = ClusterSim(setup.profile, setup.shape, router, label or policy, setup.sample_interval_s)
+    acc = SummaryAccumulator(setup.profile.calibration.slo)
+    with ExitStack() as stack:
+        sink = RunSink(acc)
+        if records_path is not None:
+            records_path.parent.mkdir(parents=True, exist_ok=True)
+            sink.writer = RecordWriter(stack.enter_context(records_path.open("w")), flush_every=1024)
+        stats = sim.run(requests, sink)
+    return RunResult(policy, seed, rate_rps, acc.summary(), stats, records_path)
+
+
+def compare(
+    setup: SimSetup,
+    workload: WorkloadSource,
+    policies: Sequence[str],
+    seeds: Sequence[int],
+    rate_rps: float | None,
+    out_dir: Path | None = None,
+    on_run: Callable[[RunResult], None] | None = None,
+) -> list[RunResult]:
+    """Every policy on every seed; a seed's requests are the same for every policy."""
+    results = []
+    for seed in seeds:
+        requests = workload.requests(rate_rps, seed)
+        for policy in policies:
+            path = None if out_dir is None else out_dir / "records" / f"{policy}-seed{seed}.jsonl"
+            r = simulate_run(setup, policy, requests, seed, rate_rps, path)
+            results.append(r)
+            if on_run is not None:
+                on_run(r)
+    return results
+
+
+def saturate(
+    setup: SimSetup,
+    workload: WorkloadSource,
+    target: float = 0.85,
+    reference_policy: str = "round_robin",
+    seeds: Sequence[int] = (0,),
+    on_probe: Callable[[Probe], None] | None = None,
+) -> SaturationResult:
+    """The rate at which ``reference_policy``'s goodput, averaged over ``seeds``, crosses ``target``.
+
+    Averaging over the seeds a comparison will run matters for bursty workloads and short runs, where one
+    trace's calm stretch would otherwise set the rate for all of them.
+    """
+
+    def measure(rate: float) -> float:
+        goodputs = [
+            simulate_run(setup, reference_policy, workload.requests(rate, s), s, rate).summary.goodput
+            for s in seeds
+        ]
+        return sum(goodputs) / len(goodputs)
+
+    return find_saturation(measure, target=target, on_probe=on_probe)

@@ -1,0 +1,51 @@
+"""`calroute report DIR`: every experiment's section, regenerated from its saved results, in one file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from calroute.errors import ConfigError
+from calroute.experiments import EXPERIMENTS
+from calroute.experiments.cells import CellResult
+from calroute.experiments.runner import scale_for
+
+
+def write_report(directory: Path) -> Path:
+    if not directory.is_dir():
+        raise ConfigError(f"no results directory {directory}")
+    sections = []
+    for name, exp in EXPERIMENTS.items():
+        exp_dir = directory / name
+        results_path = exp_dir / "results.json"
+        if not results_path.exists():
+            continue
+        results = [CellResult.from_dict(d) for d in json.loads(results_path.read_text())]
+        manifest = json.loads((exp_dir / "manifest.json").read_text())
+        backend = manifest["backend"]
+        command = f"calroute experiment {name} --backend {backend}{' --quick' if manifest['quick'] else ''}"
+        default = scale_for(backend, manifest["quick"])
+        if manifest["scale"]["requests"] != default.requests:
+            command += f" --requests {manifest['scale']['requests']}"
+        if len(manifest["scale"]["seeds"]) != len(default.seeds):
+            command += f" --seeds {len(manifest['scale']['seeds'])}"
+        if manifest.get("time_scale", 1.0) != 1.0:
+            command += f" --time-scale {manifest['time_scale']:g}"
+        if manifest.get("saturation", "live") != "live":
+            command += f" --saturation {manifest['saturation']}"
+        sections.append(
+            exp.report(results, exp_dir)
+            + f"\nCommand: `{command} --out {manifest.get('out', directory.parent)}`; "
+            f"commit {manifest.get('git_commit') or '-'}; "
+            f"{manifest['scale']['requests']} requests per run, seeds {manifest['scale']['seeds']}.\n"
+        )
+    if not sections:
+        raise ConfigError(f"no experiment results under {directory}")
+    path = directory / "report.md"
+    path.write_text(
+        f"# calroute experiments ({directory.name})\n\nThe paper's experiments (shared/reference/"
+        "paper-notes.md section 4) with the paper's figures beside ours where it gives them. Goodput: the "
+        "fraction of requests meeting both SLO targets of their class; the best mean per cell is in bold.\n\n"
+        + "\n".join(sections)
+    )
+    return path

@@ -1,0 +1,45 @@
+"""The proxy's own polling of an engine: GET one URL again and again over a kept-alive connection.
+
+The router reads every engine's /metrics 20 times a second, so a poll must cost little: it goes through
+the proxy's own HTTP/1.1 client (upstream.py), on a connection of its own, apart from client traffic (a
+pool shared with a 20 Hz poll never lets the connections of a past burst expire).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from urllib.parse import urlsplit
+
+from calroute.proxy.config import ENGINE_KEEPALIVE_S
+from calroute.proxy.http.client import Endpoint, UpstreamError
+
+
+class ScrapeError(Exception):
+    """The engine could not be reached, or its answer was not HTTP we understand (a timeout included)."""
+
+
+class Scraper:
+    """GET one URL, again and again, over a connection kept open between calls."""
+
+    def __init__(self, url: str, headers: Mapping[str, str] | None = None, timeout_s: float = 1.0) -> None:
+        parts = urlsplit(url)
+        self._endpoint = Endpoint(f"{parts.scheme}://{parts.netloc}", ENGINE_KEEPALIVE_S)
+        self._target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        self._headers = {"Accept": "text/plain", **(headers or {})}
+        self.timeout_s = timeout_s
+
+    async def get(self) -> tuple[int, bytes]:
+        """(status, body). Raises ScrapeError (a timeout included); the connection is then dropped."""
+        try:
+            # A bound on the engine's silence, not asyncio.timeout: that costs a timer and three getpid()
+            # calls per poll, at 20 polls a second per engine.
+            response = await self._endpoint.request(
+                "GET", self._target, self._headers, read_timeout_s=self.timeout_s
+            )
+            async with response:
+                return response.status, await response.read()
+        except (UpstreamError, TimeoutError) as e:
+            raise ScrapeError(f"{type(e).__name__}: {e}") from e
+
+    def close(self) -> None:
+        self._endpoint.close()

@@ -1,0 +1,76 @@
+"""Comparison tables of run results: one row per policy, per-seed and mean goodput, tail latencies."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from calroute.results.metrics import RunSummary
+
+
+@dataclass(frozen=True)
+class RunRow:
+    policy: str
+    seed: int
+    summary: RunSummary
+
+
+@dataclass(frozen=True)
+class PolicyRow:
+    policy: str
+    goodputs: tuple[float, ...]  # per seed, in seed order
+    mean_goodput: float
+    spread: float  # max - min across seeds
+    ttft_p99_s: float | None  # mean over seeds
+    tpot_p99_s: float | None
+
+
+def _mean(xs: Sequence[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None]
+    return statistics.fmean(vals) if vals else None
+
+
+def by_policy(rows: Sequence[RunRow]) -> list[PolicyRow]:
+    policies = list(dict.fromkeys(r.policy for r in rows))
+    out = []
+    for p in policies:
+        mine = sorted((r for r in rows if r.policy == p), key=lambda r: r.seed)
+        g = tuple(r.summary.goodput for r in mine)
+        out.append(
+            PolicyRow(
+                policy=p,
+                goodputs=g,
+                mean_goodput=statistics.fmean(g),
+                spread=max(g) - min(g),
+                ttft_p99_s=_mean([r.summary.ttft_p99_s for r in mine]),
+                tpot_p99_s=_mean([r.summary.tpot_p99_s for r in mine]),
+            )
+        )
+    return out
+
+
+def _fmt(x: float | None, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def markdown_table(rows: Sequence[RunRow]) -> str:
+    policies = by_policy(rows)
+    seeds = sorted({r.seed for r in rows})
+    best = max(p.mean_goodput for p in policies)
+    head = ["policy", *[f"seed {s}" for s in seeds], "mean goodput", "spread", "P99 TTFT (s)", "P99 TPOT (s)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for p in policies:
+        mean = _fmt(p.mean_goodput)
+        if p.mean_goodput == best:
+            mean = f"**{mean}**"
+        cells = [
+            p.policy,
+            *[_fmt(g) for g in p.goodputs],
+            mean,
+            _fmt(p.spread),
+            _fmt(p.ttft_p99_s),
+            _fmt(p.tpot_p99_s, 4),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,277 @@
+"""The in-flight ledger: the router's own account of the work it has committed to each instance.
+
+Fed by four events per request (admit, prefill done, first token, done), the same in the simulator and
+the proxy, it turns predicted lengths and observed timings into each instance's backlog in *observed*
+seconds:
+
+- prefill: prompt tokens admitted and not yet prefilled, times the instance's observed seconds per prompt
+  token (time the instance had work outstanding, divided by the tokens it finished; decayed averages);
+- decode: for requests not yet started, predicted tokens times the instance's observed TPOT; for started
+  requests, the time left until their predicted last token (first token + (o_hat - 1) x TPOT at that
+  moment), never below zero. Sums are kept incrementally; expired requests leave a heap lazily, so a view
+  costs O(instances), not O(requests).
+
+Until an instance has finished anything, it borrows its pool's observed rate, and until the pool has,
+the calibration's tau. The ledger also keeps committed KV (prompt + predicted output of in-flight work)
+and the last engine metrics sample per instance, and builds the ClusterView a policy sees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from calroute.costmodel.calibration import Calibration
+from calroute.errors import ConfigError
+from calroute.routing.heap import Entry, MinHeap
+from calroute.types import ClusterView, InstanceSpec, InstanceState, Role
+
+
+class _Rate:
+    """Decayed ratio of two sums: seconds over tokens (prefill) or a mean of TPOT samples (decode)."""
+
+    __slots__ = ("num", "den", "decay")
+
+    def __init__(self, decay: float) -> None:
+        self.num = 0.0
+        self.den = 0.0
+        self.decay = decay
+
+    def add(self, num: float, den: float) -> None:
+        self.num = self.num * self.decay + num
+        self.den = self.den * self.decay + den
+
+    def value(self) -> float | None:
+        return self.num / self.den if self.den > 0 else None
+
+
+@dataclass(slots=True)
+class _Book:
+    spec: InstanceSpec
+    rate: _Rate
+    pool_rate: _Rate  # shared by the instances of the pool
+    prior_s: float  # the calibration's tau for the pool
+    healthy: bool = True
+    in_flight: int = 0
+    # prefill: prompt tokens admitted, not yet prefilled. decode: predicted tokens of requests not started.
+    pending_tokens: int = 0
+    kv_committed_tokens: int = 0
+    # prefill only: busy-time accounting.
+    busy_s: float = 0.0
+    last_event_s: float = 0.0
+    # decode only: started requests, as expiry times of their predicted last token.
+    expiry_heap: MinHeap = field(default_factory=MinHeap)  # keyed by expiry, ordered by entry key
+    active: dict[int, float] = field(default_factory=dict)
+    expiry_sum_s: float = 0.0
+    # last engine metrics sample
+    kv_used_tokens: int = 0
+    running: int = 0
+    waiting: int = 0
+    sampled_at_s: float | None = None
+
+
+class _Entry:
+    """One request in flight (a written ``__init__``: the compiled build compiles it; a dataclass's is
+    generated at import and stays interpreted, once per request)."""
+
+    __slots__ = (
+        "key",
+        "prefill",
+        "decode",
+        "prompt_tokens",
+        "predicted_output_tokens",
+        "phase",
+        "first_token_s",
+    )
+
+    def __init__(
+        self, key: int, prefill: _Book, decode: _Book, prompt_tokens: int, predicted_output_tokens: int
+    ) -> None:
+        self.key = key
+        self.prefill = prefill
+        self.decode = decode
+        self.prompt_tokens = prompt_tokens
+        self.predicted_output_tokens = predicted_output_tokens
+        self.phase = 0  # 0 prefilling, 1 waiting for first token, 2 decoding
+        self.first_token_s = 0.0
+
+
+class Ledger:
+    """Per-instance committed work, fed by request events. ``now_s`` must never go backwards."""
+
+    def __init__(self, instances: Sequence[InstanceSpec], prior: Calibration, decay: float = 0.95) -> None:
+        if not 0.0 < decay < 1.0:
+            raise ConfigError(f"ledger decay must be in (0, 1), got {decay}")
+        ids = [s.instance_id for s in instances]
+        if len(set(ids)) != len(ids):
+            raise ConfigError(f"instance ids must be unique, got {ids}")
+        # Per book, not dicts keyed by Role: hashing an Enum member runs Python code (Enum.__hash__).
+        prior_s = {Role.PREFILL: prior.tau_pre_s, Role.DECODE: prior.tau_dec_s}
+        pool_rate = {Role.PREFILL: _Rate(decay), Role.DECODE: _Rate(decay)}
+        self._books = {
+            s.instance_id: _Book(s, _Rate(decay), pool_rate[s.role], prior_s[s.role]) for s in instances
+        }
+        self._prefill = [b for b in self._books.values() if b.spec.role is Role.PREFILL]
+        self._decode = [b for b in self._books.values() if b.spec.role is Role.DECODE]
+        self._entries: dict[str, _Entry] = {}
+        self._next_key = 0
+        self.decisions = 0
+
+    # ---- events -------------------------------------------------------------------------------------
+
+    def admit(
+        self,
+        request_id: str,
+        prefill_id: str,
+        decode_id: str,
+        prompt_tokens: int,
+        predicted_output_tokens: int,
+        now_s: float,
+    ) -> None:
+        if request_id in self._entries:
+            raise ConfigError(f"request {request_id!r} is already in flight")
+        pre = self._books[prefill_id]
+        dec = self._books[decode_id]
+        self._account_busy(pre, now_s)
+        pre.in_flight += 1
+        pre.pending_tokens += prompt_tokens
+        pre.kv_committed_tokens += prompt_tokens
+        dec.in_flight += 1
+        dec.pending_tokens += predicted_output_tokens
+        dec.kv_committed_tokens += prompt_tokens + predicted_output_tokens
+        self._entries[request_id] = _Entry(self._next_key, pre, dec, prompt_tokens, predicted_output_tokens)
+        self._next_key += 1
+        self.decisions += 1
+
+    def prefill_done(self, request_id: str, now_s: float) -> None:
+        e = self._entries[request_id]
+        if e.phase != 0:
+            return
+        pre = e.prefill
+        self._account_busy(pre, now_s)
+        pre.in_flight -= 1
+        pre.pending_tokens -= e.prompt_tokens
+        pre.rate.add(pre.busy_s, e.prompt_tokens)
+        pre.pool_rate.add(pre.busy_s, e.prompt_tokens)
+        pre.busy_s = 0.0
+        e.phase = 1
+
+    def first_token(self, request_id: str, now_s: float) -> None:
+        e = self._entries[request_id]
+        if e.phase == 0:
+            self.prefill_done(request_id, now_s)
+        if e.phase != 1:
+            return
+        e.prefill.kv_committed_tokens -= e.prompt_tokens  # the decode engine has pulled the KV
+        dec = e.decode
+        dec.pending_tokens -= e.predicted_output_tokens
+        expiry = now_s + (e.predicted_output_tokens - 1) * self._rate_s(dec)
+        if expiry > now_s:
+            dec.expiry_heap.push(Entry(expiry, e.key))
+            dec.active[e.key] = expiry
+            dec.expiry_sum_s += expiry
+        e.first_token_s = now_s
+        e.phase = 2
+
+    def done(self, request_id: str, now_s: float, output_tokens: int, ok: bool = True) -> None:
+        """The request ended (``ok`` False: failed or cancelled, and its timings teach nothing)."""
+        e = self._entries.pop(request_id)
+        pre, dec = e.prefill, e.decode
+        if e.phase == 0:
+            self._account_busy(pre, now_s)
+            pre.in_flight -= 1
+            pre.pending_tokens -= e.prompt_tokens
+        if e.phase < 2:
+            pre.kv_committed_tokens -= e.prompt_tokens
+            dec.pending_tokens -= e.predicted_output_tokens
+        else:
+            expiry = dec.active.pop(e.key, None)
+            if expiry is not None:
+                dec.expiry_sum_s = dec.expiry_sum_s - expiry if dec.active else 0.0
+            if ok and output_tokens >= 2:
+                tpot = (now_s - e.first_token_s) / (output_tokens - 1)
+                dec.rate.add(tpot, 1.0)
+                dec.pool_rate.add(tpot, 1.0)
+        dec.in_flight -= 1
+        dec.kv_committed_tokens -= e.prompt_tokens + e.predicted_output_tokens
+
+    def set_healthy(self, instance_id: str, healthy: bool) -> None:
+        self._books[instance_id].healthy = healthy
+
+    def record_sample(
+        self, instance_id: str, kv_used_tokens: int, running: int, waiting: int, now_s: float
+    ) -> None:
+        """An engine metrics sample (the simulator's or a scrape of vLLM's /metrics)."""
+        b = self._books[instance_id]
+        b.kv_used_tokens = kv_used_tokens
+        b.running = running
+        b.waiting = waiting
+        b.sampled_at_s = now_s
+
+    def sampled_load(self, instance_id: str) -> tuple[int, int]:
+        """(running requests, KV tokens in use) of the engine's last metrics sample."""
+        b = self._books[instance_id]
+        return b.running, b.kv_used_tokens
+
+    # ---- estimates ----------------------------------------------------------------------------------
+
+    def _account_busy(self, b: _Book, now_s: float) -> None:
+        if b.in_flight > 0:
+            b.busy_s += now_s - b.last_event_s
+        b.last_event_s = now_s
+
+    def _rate_s(self, b: _Book) -> float:
+        # _Rate.value() written out: its float | None result is a boxed float in the compiled build
+        r = b.rate
+        if r.den > 0:
+            return r.num / r.den
+        r = b.pool_rate
+        if r.den > 0:
+            return r.num / r.den
+        return b.prior_s
+
+    def backlog_s(self, instance_id: str, now_s: float) -> float:
+        b = self._books[instance_id]
+        return self._backlog_s(b, now_s)
+
+    def _backlog_s(self, b: _Book, now_s: float) -> float:
+        pending_s = b.pending_tokens * self._rate_s(b) if b.pending_tokens > 0 else 0.0
+        if b.spec.role is Role.PREFILL:
+            return pending_s
+        heap = b.expiry_heap
+        active = b.active
+        while heap.top_key() <= now_s:
+            entry = heap.pop()
+            expiry = entry.key
+            if active.pop(entry.order, None) is not None:
+                # Reset on empty so float drift cannot accumulate over a long run.
+                b.expiry_sum_s = b.expiry_sum_s - expiry if active else 0.0
+        started_s = b.expiry_sum_s - float(len(active)) * now_s if active else 0.0
+        return pending_s + started_s if started_s > 0.0 else pending_s  # max(): a generic call compiled
+
+    def _state(self, b: _Book, now_s: float) -> InstanceState:
+        s = b.spec
+        return InstanceState(
+            s.instance_id,
+            s.role,
+            b.healthy,
+            b.in_flight,
+            self._backlog_s(b, now_s),
+            b.kv_committed_tokens,
+            b.kv_used_tokens,
+            s.kv_capacity_tokens,
+            b.running,
+            b.waiting,
+            float("inf") if b.sampled_at_s is None else now_s - b.sampled_at_s,
+        )
+
+    def view(self, now_s: float) -> ClusterView:
+        return ClusterView(
+            now_s,
+            self.decisions,
+            tuple(self._state(b, now_s) for b in self._prefill),
+            tuple(self._state(b, now_s) for b in self._decode),
+        )
+
+    def in_flight_requests(self) -> int:
+        return len(self._entries)

@@ -1,0 +1,133 @@
+"""The router: predictor + policy + ledger, driven by request events. The simulator and the proxy both
+call exactly this, so a policy sees the same kind of information in both."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from calroute.costmodel.calibration import Calibration
+from calroute.costmodel.online import OnlineCalibrator
+from calroute.costmodel.predictors import OutputLengthPredictor
+from calroute.policies.base import RoutingPolicy
+from calroute.routing.ledger import Ledger
+from calroute.types import Admission, ClusterView, RouteDecision, SloClass
+
+DecisionHook = Callable[[Admission, ClusterView, RouteDecision], None]
+PolicyFactory = Callable[[Calibration], RoutingPolicy]
+
+
+@dataclass
+class _Tracked:
+    """What online recalibration remembers of a request in flight."""
+
+    prefill_id: str
+    decode_id: str
+    admitted_s: float
+    unqueued_prefill: bool
+    at_first_token: tuple[int, int] | None = None  # the decode engine's (running, KV tokens) then
+
+
+def _panic(view: ClusterView) -> ClusterView:
+    """A pool with no healthy member is routed as if all were healthy (Envoy's panic mode at 0 %).
+
+    Health marks can be wrong (a probe times out on an overloaded engine); trying is the only way to know,
+    and a request that then fails everywhere still gets a clear error after its retries.
+    """
+    if not any(s.healthy for s in view.prefill):
+        view = view.replace(prefill=tuple(s.replace(healthy=True) for s in view.prefill))
+    if not any(s.healthy for s in view.decode):
+        view = view.replace(decode=tuple(s.replace(healthy=True) for s in view.decode))
+    return view
+
+
+class Router:
+    def __init__(
+        self,
+        policy: RoutingPolicy,
+        predictor: OutputLengthPredictor,
+        ledger: Ledger,
+        on_decision: DecisionHook | None = None,
+        online: tuple[OnlineCalibrator, PolicyFactory] | None = None,
+    ) -> None:
+        """``online``: refit the constants from completed requests and rebuild the policy with them."""
+        self.policy = policy
+        self.predictor = predictor
+        self.ledger = ledger
+        self.on_decision = on_decision
+        self.online = online
+        self._tracked: dict[str, _Tracked] = {}
+
+    def admit(
+        self,
+        request_id: str,
+        prompt_tokens: int,
+        slo_class: SloClass,
+        now_s: float,
+        oracle_output_tokens: int | None = None,
+    ) -> tuple[Admission, RouteDecision]:
+        """Predict, decide on the current view, and commit the decision to the ledger."""
+        predicted = self.predictor.predict(prompt_tokens, oracle_output_tokens)
+        adm = Admission(request_id, prompt_tokens, predicted, slo_class)
+        view = _panic(self.ledger.view(now_s))
+        decision = self.policy.route(adm, view)
+        if self.on_decision is not None:
+            self.on_decision(adm, view, decision)
+        self.ledger.admit(
+            request_id, decision.prefill_id, decision.decode_id, prompt_tokens, predicted, now_s
+        )
+        if self.online is not None:
+            pre = next(s for s in view.prefill if s.instance_id == decision.prefill_id)
+            self._tracked[request_id] = _Tracked(
+                decision.prefill_id, decision.decode_id, now_s, pre.in_flight == 0
+            )
+        return adm, decision
+
+    def prefill_done(self, request_id: str, now_s: float, prompt_tokens: int | None = None) -> None:
+        self.ledger.prefill_done(request_id, now_s)
+        if not self._tracked:  # nothing tracked without online recalibration: skip the lookups
+            return
+        t = self._tracked.get(request_id)
+        if t is not None and t.unqueued_prefill and prompt_tokens is not None and self.online is not None:
+            self.online[0].observe_prefill(prompt_tokens, now_s - t.admitted_s)
+
+    def first_token(self, request_id: str, now_s: float) -> None:
+        self.ledger.first_token(request_id, now_s)
+        if not self._tracked:
+            return
+        t = self._tracked.get(request_id)
+        if t is not None:
+            t.at_first_token = self.ledger.sampled_load(t.decode_id)
+
+    def done(
+        self,
+        request_id: str,
+        prompt_tokens: int,
+        output_tokens: int,
+        now_s: float,
+        ok: bool,
+        first_token_s: float | None = None,
+    ) -> None:
+        self.ledger.done(request_id, now_s, output_tokens, ok)
+        if ok:
+            self.predictor.observe(prompt_tokens, output_tokens)
+        if not self._tracked:
+            return
+        t = self._tracked.pop(request_id, None)
+        if t is None or self.online is None or not ok or output_tokens < 2 or first_token_s is None:
+            return
+        calibrator, factory = self.online
+        if t.at_first_token is not None:
+            running, kv = self.ledger.sampled_load(t.decode_id)
+            batch = max(1, round((running + t.at_first_token[0]) / 2))
+            calibrator.observe_decode(
+                batch, (kv + t.at_first_token[1]) / 2, (now_s - first_token_s) / (output_tokens - 1)
+            )
+        new = calibrator.maybe_refit()
+        if new is not None:
+            self.policy = factory(new)
+
+    @property
+    def constants(self) -> Calibration | None:
+        """The constants online recalibration currently prices with (None without it)."""
+        return None if self.online is None else self.online[0].current

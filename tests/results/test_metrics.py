@@ -1,0 +1,56 @@
+"""Goodput: good requests (both targets of their class met) over all offered."""
+
+from __future__ import annotations
+
+import pytest
+
+from calroute.costmodel.calibration import SloTargets
+from calroute.results.metrics import is_good, summarize
+from calroute.results.records import RequestRecord
+from calroute.types import RequestStatus, SloClass
+
+SLO = SloTargets(tight_ttft_s=0.2, tight_tpot_s=0.04, loose_factor=3.0)
+
+
+def rec(
+    ttft: float,
+    tpot: float,
+    slo: SloClass = SloClass.TIGHT,
+    status: RequestStatus = RequestStatus.OK,
+    out: int = 11,
+) -> RequestRecord:
+    first = 10.0 + ttft
+    return RequestRecord(
+        "r", slo, 100, out, out, out, "p", "p0", "d0", 10.0, 10.05, first, first + tpot * (out - 1), status
+    )
+
+
+@pytest.mark.parametrize(
+    ("r", "good"),
+    [
+        (rec(0.19, 0.039), True),
+        (rec(0.21, 0.01), False),  # TTFT missed
+        (rec(0.1, 0.041), False),  # TPOT missed
+        (rec(0.5, 0.1, SloClass.LOOSE), True),  # within 3x
+        (rec(0.61, 0.1, SloClass.LOOSE), False),
+        (rec(0.1, 0.0, out=1), True),  # one token: no TPOT to miss
+        (rec(0.1, 0.01, status=RequestStatus.FAILED), False),
+    ],
+)
+def test_is_good(r: RequestRecord, good: bool) -> None:
+    assert is_good(r, SLO) is good
+
+
+def test_summary_counts_rejected_requests_against_goodput() -> None:
+    rejected = rec(0, 0).replace(status=RequestStatus.REJECTED, first_token_s=None, last_token_s=None)
+    s = summarize([rec(0.1, 0.01), rec(0.3, 0.01), rejected, rec(0.1, 0.01)], SLO)
+    assert (s.requests, s.completed, s.good) == (4, 3, 2)
+    assert s.goodput == 0.5
+    assert s.status_counts == {"ok": 3, "rejected": 1}
+    assert s.ttft_p50_s == pytest.approx(0.1)
+    assert s.ttft_p99_s is not None and 0.29 < s.ttft_p99_s <= 0.3
+
+
+def test_empty_summary() -> None:
+    s = summarize([], SLO)
+    assert s.requests == 0 and s.goodput == 0.0 and s.ttft_p99_s is None

@@ -1,0 +1,175 @@
+"""The router's contract, shared by the simulator and the proxy: what the predictor, the policy, the ledger
+and online recalibration each hear, and when."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import ClassVar
+
+import pytest
+
+from calroute.costmodel.calibration import Calibration
+from calroute.costmodel.online import OnlineCalibrator
+from calroute.routing.ledger import Ledger
+from calroute.routing.router import Router
+from calroute.types import Admission, ClusterView, InstanceSpec, Role, RouteDecision, SloClass
+
+SPECS = [
+    InstanceSpec("p0", Role.PREFILL, 60_000),
+    InstanceSpec("p1", Role.PREFILL, 60_000),
+    InstanceSpec("d0", Role.DECODE, 60_000),
+    InstanceSpec("d1", Role.DECODE, 60_000),
+]
+
+
+@dataclass
+class Predictor:
+    """Predicts a fixed length and records what it is told."""
+
+    name: str = "fixed"
+    length: int = 100
+    asked: list[tuple[int, int | None]] = field(default_factory=list)
+    observed: list[tuple[int, int]] = field(default_factory=list)
+
+    def predict(self, prompt_tokens: int, oracle_output_tokens: int | None = None) -> int:
+        self.asked.append((prompt_tokens, oracle_output_tokens))
+        return self.length
+
+    def observe(self, prompt_tokens: int, output_tokens: int) -> None:
+        self.observed.append((prompt_tokens, output_tokens))
+
+
+@dataclass
+class Policy:
+    """Picks the last healthy member of each pool and keeps the views it saw."""
+
+    name: ClassVar[str] = "last_healthy"
+    reads_engine_samples: ClassVar[bool] = False
+    views: list[ClusterView] = field(default_factory=list)
+
+    def route(self, adm: Admission, view: ClusterView) -> RouteDecision:
+        self.views.append(view)
+        pre = [s for s in view.prefill if s.healthy][-1]
+        dec = [s for s in view.decode if s.healthy][-1]
+        return RouteDecision(pre.instance_id, dec.instance_id)
+
+
+class Calibrator(OnlineCalibrator):
+    """Records the observations; hands out ``refit_to`` at the next refit when set."""
+
+    def __init__(self, start: Calibration) -> None:
+        super().__init__(start)
+        self.prefills: list[tuple[int, float]] = []
+        self.decodes: list[tuple[int, float, float]] = []
+        self.refit_to: Calibration | None = None
+
+    def observe_prefill(self, prompt_tokens: int, latency_s: float) -> None:
+        self.prefills.append((prompt_tokens, latency_s))
+
+    def observe_decode(self, batch: int, context_tokens: float, tpot_s: float) -> None:
+        self.decodes.append((batch, context_tokens, tpot_s))
+
+    def maybe_refit(self) -> Calibration | None:
+        new, self.refit_to = self.refit_to, None
+        if new is not None:
+            self.current = new
+        return new
+
+
+def in_flight(ledger: Ledger, now_s: float) -> dict[str, int]:
+    v = ledger.view(now_s)
+    return {s.instance_id: s.in_flight for s in v.prefill + v.decode}
+
+
+def test_admit_predicts_routes_and_commits(calibration: Calibration) -> None:
+    ledger, predictor, policy = Ledger(SPECS, calibration), Predictor(), Policy()
+    heard: list[tuple[Admission, RouteDecision]] = []
+    router = Router(policy, predictor, ledger, on_decision=lambda a, v, d: heard.append((a, d)))
+    adm, decision = router.admit("r", 700, SloClass.TIGHT, 1.0, oracle_output_tokens=42)
+    assert predictor.asked == [(700, 42)]
+    assert adm == Admission("r", 700, 100, SloClass.TIGHT)
+    assert (decision.prefill_id, decision.decode_id) == ("p1", "d1")
+    assert heard == [(adm, decision)]
+    assert policy.views[0].now_s == 1.0
+    assert in_flight(ledger, 1.0) == {"p0": 0, "p1": 1, "d0": 0, "d1": 1}
+    router.prefill_done("r", 1.2, 700)
+    assert in_flight(ledger, 1.2)["p1"] == 0
+    router.first_token("r", 1.3)
+    router.done("r", 700, 55, 2.0, ok=True, first_token_s=1.3)
+    assert predictor.observed == [(700, 55)]
+    assert in_flight(ledger, 2.0) == {"p0": 0, "p1": 0, "d0": 0, "d1": 0}
+
+
+def test_a_failed_request_teaches_the_predictor_nothing(calibration: Calibration) -> None:
+    ledger, predictor = Ledger(SPECS, calibration), Predictor()
+    router = Router(Policy(), predictor, ledger)
+    router.admit("r", 700, SloClass.LOOSE, 0.0)
+    router.done("r", 700, 0, 0.5, ok=False)
+    assert predictor.observed == [] and in_flight(ledger, 0.5)["d1"] == 0
+
+
+@pytest.mark.parametrize(
+    ("unhealthy", "routable_prefill", "routable_decode"),
+    [
+        ((), ("p0", "p1"), ("d0", "d1")),
+        (("p1",), ("p0",), ("d0", "d1")),
+        (("d0", "d1"), ("p0", "p1"), ("d0", "d1")),  # a pool with no healthy member: all are tried
+        (("p0", "p1", "d1"), ("p0", "p1"), ("d0",)),
+    ],
+)
+def test_panic_mode_per_pool(
+    calibration: Calibration,
+    unhealthy: tuple[str, ...],
+    routable_prefill: tuple[str, ...],
+    routable_decode: tuple[str, ...],
+) -> None:
+    ledger, policy = Ledger(SPECS, calibration), Policy()
+    for engine in unhealthy:
+        ledger.set_healthy(engine, False)
+    Router(policy, Predictor(), ledger).admit("r", 10, SloClass.LOOSE, 0.0)
+    [view] = policy.views
+    assert tuple(s.instance_id for s in view.prefill if s.healthy) == routable_prefill
+    assert tuple(s.instance_id for s in view.decode if s.healthy) == routable_decode
+
+
+def test_online_recalibration_hears_unqueued_prefills_and_decodes_then_swaps_the_policy(
+    calibration: Calibration,
+) -> None:
+    ledger, calibrator = Ledger(SPECS, calibration), Calibrator(calibration)
+    built: list[Calibration] = []
+
+    def factory(cal: Calibration) -> Policy:
+        built.append(cal)
+        return Policy()
+
+    first = Policy()
+    router = Router(first, Predictor(), ledger, online=(calibrator, factory))
+    router.admit("a", 800, SloClass.LOOSE, 0.0)  # p1 was idle: its prefill time is a clean sample
+    router.admit("b", 300, SloClass.LOOSE, 0.1)  # p1 busy with "a": queued, no sample
+    router.prefill_done("a", 0.4, 800)
+    router.prefill_done("b", 0.6, 300)
+    assert calibrator.prefills == [(800, pytest.approx(0.4))]
+
+    ledger.record_sample("d1", kv_used_tokens=2000, running=4, waiting=0, now_s=0.5)
+    router.first_token("a", 0.5)
+    ledger.record_sample("d1", kv_used_tokens=4000, running=6, waiting=0, now_s=1.5)
+    refitted = replace(calibration, tau_pre_s=calibration.tau_pre_s * 2)
+    calibrator.refit_to = refitted
+    router.done("a", 800, 11, 1.5, ok=True, first_token_s=0.5)
+    # batch and context: the means of the decode engine's samples at first and last token
+    assert calibrator.decodes == [(5, 3000.0, pytest.approx(0.1))]
+    assert built == [refitted] and router.policy is not first and router.constants is refitted
+
+    # A request of one token has no TPOT; a failed one teaches nothing.
+    router.first_token("b", 0.7)
+    router.done("b", 300, 1, 0.8, ok=True, first_token_s=0.7)
+    assert len(calibrator.decodes) == 1
+
+
+def test_without_online_recalibration_nothing_is_tracked(calibration: Calibration) -> None:
+    router = Router(Policy(), Predictor(), Ledger(SPECS, calibration))
+    router.admit("a", 800, SloClass.LOOSE, 0.0)
+    router.prefill_done("a", 0.4, 800)
+    router.first_token("a", 0.5)
+    router.done("a", 800, 11, 1.5, ok=True, first_token_s=0.5)
+    assert router.constants is None and router._tracked == {}
