@@ -7,7 +7,7 @@ import asyncio
 from typing import cast
 
 from calroute.proxy import relay as relay_module
-from calroute.proxy.http.client import Response
+from calroute.proxy.http.client import EngineResponse
 from calroute.proxy.relay import StreamRelay
 
 ROLE = b'data: {"choices":[{"delta":{"role":"assistant"}}]}\n\n'
@@ -51,7 +51,7 @@ def make(keep_usage: bool, chunked: bool = True) -> tuple[StreamRelay, Client, S
     clock = iter(range(1, 100))
     relay = StreamRelay(keep_usage, lambda: float(next(clock)), firsts.append)
     client, source = Client(), Source()
-    relay.attach(cast(asyncio.Transport, client), chunked, cast(Response, source))
+    relay.attach(cast(asyncio.Transport, client), chunked, cast(EngineResponse, source))
     return relay, client, source, firsts
 
 

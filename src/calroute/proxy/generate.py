@@ -23,8 +23,7 @@ from calroute.proxy.config import SLOW_STEPS_PER_TOKEN, ProxyConfig
 from calroute.proxy.errors import ClientGone, EngineFailed, json_error
 from calroute.proxy.flight import Flight, Invalid, board
 from calroute.proxy.http import codec
-from calroute.proxy.http.client import Endpoint, UpstreamError
-from calroute.proxy.http.client import Response as EngineResponse
+from calroute.proxy.http.client import Endpoint, EngineResponse, UpstreamError
 from calroute.proxy.http.server import Request, Response, Stream
 from calroute.proxy.metrics import ProxyMetrics
 from calroute.proxy.prompt_length import PromptLength

@@ -6,7 +6,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from calroute.proxy.http.framing import BODY_CHUNKED, BODY_CLOSE, BODY_LENGTH, BodyDecoder, FramingError, Head
+from calroute.proxy.http.framing import (
+    BODY_CHUNKED,
+    BODY_CLOSE,
+    BODY_LENGTH,
+    BodyDecoder,
+    FramingError,
+    ResponseHead,
+)
 
 CHUNKED = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
 
@@ -24,7 +31,7 @@ CHUNKED = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
     ],
 )
 def test_heads(raw: bytes, status: int, body: int, length: int, keep_alive: bool) -> None:
-    head = Head(raw)
+    head = ResponseHead(raw)
     assert (head.status, head.body, head.length, head.keep_alive) == (status, body, length, keep_alive)
 
 
@@ -39,7 +46,7 @@ def test_heads(raw: bytes, status: int, body: int, length: int, keep_alive: bool
 )
 def test_unreadable_heads_are_framing_errors(raw: bytes) -> None:
     with pytest.raises(FramingError):
-        Head(raw)
+        ResponseHead(raw)
 
 
 def chunked(parts: list[bytes], trailer: bytes = b"") -> bytes:
@@ -47,7 +54,7 @@ def chunked(parts: list[bytes], trailer: bytes = b"") -> bytes:
 
 
 def decode(head: bytes, wire: bytes, cuts: list[int]) -> tuple[bytes, BodyDecoder]:
-    decoder = BodyDecoder(Head(head))
+    decoder = BodyDecoder(ResponseHead(head))
     out: list[bytes] = []
     edges = [0, *sorted(c % (len(wire) + 1) for c in cuts), len(wire)]
     for a, b in zip(edges, edges[1:], strict=False):
@@ -70,10 +77,10 @@ def test_a_sized_body_ends_at_its_length(payload: bytes, cuts: list[int]) -> Non
 
 
 def test_a_close_delimited_body_ends_with_the_connection_and_a_cut_chunked_one_does_not() -> None:
-    until_close = BodyDecoder(Head(b"HTTP/1.1 200 OK\r\n\r\n"))
+    until_close = BodyDecoder(ResponseHead(b"HTTP/1.1 200 OK\r\n\r\n"))
     assert until_close.feed(b"abc") == [b"abc"] and not until_close.done
     assert until_close.end() and until_close.done
-    cut = BodyDecoder(Head(CHUNKED))
+    cut = BodyDecoder(ResponseHead(CHUNKED))
     assert cut.feed(b"5\r\nab") == [b"ab"]
     assert not cut.end()
 
@@ -85,4 +92,4 @@ def test_a_close_delimited_body_ends_with_the_connection_and_a_cut_chunked_one_d
 )
 def test_bad_chunk_framing_is_an_error(wire: bytes) -> None:
     with pytest.raises(FramingError):
-        BodyDecoder(Head(CHUNKED)).feed(wire)
+        BodyDecoder(ResponseHead(CHUNKED)).feed(wire)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from calroute.proxy.http.framing import BODY_CHUNKED, BODY_LENGTH
-from calroute.proxy.http.head import Head, Headers, status_line
+from calroute.proxy.http.head import Headers, RequestHead, status_line
 
 MAX_BODY = 1000
 
@@ -40,7 +40,7 @@ def test_reads_a_head(
     length: int,
     expect_continue: bool,
 ) -> None:
-    h = Head(raw, MAX_BODY)
+    h = RequestHead(raw, MAX_BODY)
     assert (h.method, h.target, h.http11, h.keep_alive) == (method, path, http11, keep_alive)
     assert (h.body, h.length, h.expect_continue) == (body, length, expect_continue)
 
@@ -65,13 +65,13 @@ def test_reads_a_head(
 )
 def test_refuses_a_head(raw: bytes, status: int, says: str) -> None:
     with pytest.raises(ValueError) as info:
-        Head(raw, MAX_BODY)
+        RequestHead(raw, MAX_BODY)
     message, got = info.value.args
     assert got == status and says in message
 
 
 def test_headers_any_case_and_repeats_joined() -> None:
-    h = Head(b"GET / HTTP/1.1\r\nX-Tag: a\r\nx-tag: b\r\nAuthorization: Bearer t", MAX_BODY)
+    h = RequestHead(b"GET / HTTP/1.1\r\nX-Tag: a\r\nx-tag: b\r\nAuthorization: Bearer t", MAX_BODY)
     assert isinstance(h.headers, Headers)
     assert h.headers.get("X-TAG") == "a, b" and "authorization" in h.headers and "AUTHORIZATION" in h.headers
     assert h.headers.get("missing", "d") == "d" and 3 not in h.headers

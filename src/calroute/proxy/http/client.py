@@ -3,8 +3,8 @@
 Every client request costs the proxy two engine requests (the prefill, the decode stream). Through aiohttp's
 client those two were the largest part of the proxy's CPU per request (benchmarks/RESULTS.md); this writes
 a request in one call and reads the answer from the connection's own buffer. A decode stream can also be
-relayed from the event loop's data callback (Response.relay): through asyncio streams every SSE event woke
-a task and two async generators, the largest per-event cost left. Deliberately small: HTTP/1.1,
+relayed from the event loop's data callback (EngineResponse.relay): through asyncio streams every SSE
+event woke a task and two async generators, the largest per-event cost left. Deliberately small: HTTP/1.1,
 Content-Length, chunked or close-delimited bodies (http1.py), no redirects, no compression (none is asked
 for), no proxies. The /metrics polls use it too (scrape.py).
 """
@@ -20,7 +20,7 @@ from types import TracebackType
 from urllib.parse import urlsplit
 
 from calroute.proxy.http.connection import ClosedEarly, Connection, Silence
-from calroute.proxy.http.framing import BodyDecoder, FramingError, Head
+from calroute.proxy.http.framing import BodyDecoder, FramingError, ResponseHead
 
 
 class UpstreamError(Exception):
@@ -35,7 +35,7 @@ def _broken(conn: Connection, fired: bool, timeout_s: float | None) -> Exception
     return UpstreamError(f"the engine closed the connection in the middle of the body{why}")
 
 
-class Response:
+class EngineResponse:
     """An engine's answer, read within ``async with``: leaving the block returns the connection to its
     endpoint when the body was read to the end and the engine keeps it alive, and closes it otherwise.
 
@@ -47,7 +47,7 @@ class Response:
         self,
         endpoint: Endpoint,
         conn: Connection,
-        head: Head,
+        head: ResponseHead,
         read_timeout_s: float | None,
         watch: Silence | None = None,
     ) -> None:
@@ -63,7 +63,7 @@ class Response:
         self._on_part: Callable[[bytes], bool] | None = None
         self._relay_done: asyncio.Future[bool] | None = None
 
-    async def __aenter__(self) -> Response:
+    async def __aenter__(self) -> EngineResponse:
         return self
 
     async def __aexit__(
@@ -287,7 +287,7 @@ class Endpoint:
         headers: Mapping[str, str],
         body: bytes | None = None,
         read_timeout_s: float | None = None,
-    ) -> Response:
+    ) -> EngineResponse:
         """Send the request and read the response head. A kept connection that the engine closed before
         answering is replaced by a fresh one, once (the engine never saw that request); any other failure
         raises UpstreamError, and silence longer than ``read_timeout_s`` TimeoutError."""
@@ -314,7 +314,7 @@ class Endpoint:
         except (OSError, EOFError, FramingError) as e:
             raise UpstreamError(f"{type(e).__name__}: {e}") from e
 
-    async def _exchange(self, conn: Connection, data: bytes, read_timeout_s: float | None) -> Response:
+    async def _exchange(self, conn: Connection, data: bytes, read_timeout_s: float | None) -> EngineResponse:
         # The response's own silence watch covers the wait for the head too: no asyncio.timeout (three
         # getpid() calls and a timer each) on the path of every request.
         watch = None if read_timeout_s is None else Silence(conn, read_timeout_s)
@@ -335,4 +335,4 @@ class Endpoint:
                 watch.cancel()
             conn.close()
             raise
-        return Response(self, conn, head, read_timeout_s, watch)
+        return EngineResponse(self, conn, head, read_timeout_s, watch)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol, cast
 
-from calroute.proxy.http.framing import FramingError, Head
+from calroute.proxy.http.framing import FramingError, ResponseHead
 
 MAX_HEAD_BYTES = 64 * 1024
 
@@ -105,13 +105,13 @@ class Connection(asyncio.Protocol):
         if self.closed and self.error is not None:
             raise ConnectionResetError(f"the engine closed the connection: {self.error}")
 
-    async def read_head(self) -> Head:
+    async def read_head(self) -> ResponseHead:
         while True:
             end = self._buffer.find(b"\r\n\r\n")
             if end >= 0:
                 raw = bytes(self._buffer[: end + 4])
                 del self._buffer[: end + 4]
-                return Head(raw)
+                return ResponseHead(raw)
             if len(self._buffer) > MAX_HEAD_BYTES:
                 raise FramingError(f"a response head larger than {MAX_HEAD_BYTES} bytes")
             if self.closed:

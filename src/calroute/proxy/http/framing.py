@@ -19,7 +19,7 @@ class FramingError(ValueError):
     """The bytes are not HTTP/1.1 framing that the proxy reads."""
 
 
-class Head:
+class ResponseHead:
     """A response's status line and headers (names lower-cased), and how its body is delimited."""
 
     __slots__ = ("body", "headers", "keep_alive", "length", "status")
@@ -53,7 +53,7 @@ class Head:
 
 
 class Framing(Protocol):
-    """How a body is delimited: a response's Head, or a request's (server.py)."""
+    """How a body is delimited: a response's ResponseHead, or a request's (server.py)."""
 
     @property
     def body(self) -> int: ...  # BODY_CLOSE, BODY_LENGTH or BODY_CHUNKED

@@ -30,7 +30,7 @@ class Headers(dict[str, str]):
         return isinstance(name, str) and super().__contains__(name.lower())
 
 
-class Head:
+class RequestHead:
     """A request head, parsed; ValueError (with the answer's status in ``args[1]``) if it is not one."""
 
     __slots__ = ("body", "expect_continue", "headers", "http11", "keep_alive", "length", "method", "target")

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, cast
 
 from calroute.proxy.http.framing import BodyDecoder, FramingError
-from calroute.proxy.http.head import Head, Headers, status_line
+from calroute.proxy.http.head import Headers, RequestHead, status_line
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ class _Connection(asyncio.Protocol):
         self._server = server
         self.transport: asyncio.Transport | None = None
         self._buf = b""
-        self._head: Head | None = None
+        self._head: RequestHead | None = None
         self._decoder: BodyDecoder | None = None
         self._body: list[bytes] = []
         self._body_bytes = 0
@@ -188,7 +188,7 @@ class _Connection(asyncio.Protocol):
                     return
                 if end > MAX_HEAD_BYTES:
                     raise ValueError(f"request head larger than {MAX_HEAD_BYTES} bytes", 431)
-                head = Head(self._buf[:end], self._server.max_body_bytes)
+                head = RequestHead(self._buf[:end], self._server.max_body_bytes)
                 self._buf = self._buf[end + 4 :]
                 self._head, self.http11 = head, head.http11
                 self._decoder = BodyDecoder(head)
