@@ -1,7 +1,7 @@
 """Core value types shared by the policies, the ledger, the simulator and (later) the proxy.
 
 The types built once or more per routing decision (``Admission``, ``InstanceState``, ``ClusterView``,
-``RouteDecision``; and records.py's ``RequestRecord``) are slotted classes with written ``__init__``s and
+``RouteDecision``; and ``RequestRecord``) are slotted classes with written ``__init__``s and
 ``Final`` fields: mypy rejects any assignment after construction (which keeps a policy from mutating what it
 is shown), and the compiled build (setup.py) constructs them about ten times faster than a ``NamedTuple``,
 whose ``__new__`` stays interpreted. ``SlottedValue`` gives them value semantics (equality, hashing, repr)

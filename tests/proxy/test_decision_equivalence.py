@@ -1,7 +1,7 @@
 """The proxy and the simulator make identical decisions on identical inputs.
 
-Both record every decision with the admission and the cluster view it saw (decisions.py); replaying one's
-log through the other's policy object must reproduce every decision.
+Both record every decision with the admission and the cluster view it saw (routing/decisions.py); replaying
+one's log through the other's policy object must reproduce every decision.
 """
 
 from __future__ import annotations

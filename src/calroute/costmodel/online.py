@@ -6,7 +6,7 @@ Two bounded windows of observations, fed by the router's request events:
 - finished decodes: (batch size, context tokens in the batch, TPOT), the batch and context read from the
   decode engine's polled metrics (running requests, KV in use) at the request's first and last token.
 Every ``refit_every`` finished requests the prefill and decode curves are refitted with the same fitting
-code as `calroute calibrate` (calibrate/fit.py) and tau_pre / tau_dec are read off them by the same rule
+code as `calroute calibrate` (costmodel/fit.py) and tau_pre / tau_dec are read off them by the same rule
 (derive_calibration). A fit that fails keeps the previous constants. SLO targets never change online: they
 describe the service promised, not the router's prices.
 """

@@ -16,29 +16,24 @@ The w_cobatch term is the rest of a prefill's *marginal* cost: the time it adds 
 engine batches every prompt waiting for it into its next iteration, so a new prompt delays each request
 that will share that iteration by its own prefill time. The ledger cannot tell waiting requests from
 running ones (which are not delayed), so queue(p) overcounts; the delayed ones are counted at weight 1
-whatever their SLO class, which undercounts tight ones. Pricing only the request's own wait sent a long
-prompt to the engine with the fewest pending tokens even when that meant delaying five short ones behind it.
-On the simulator (`calroute experiment failure-regions`) w_cobatch = 1 added 2.0 points of goodput on chat,
-1.0 on mixed bursty 2P+4D and 0.9 on the narrow 2P+3D pool, and at most 0.2 elsewhere (docs/results/).
-``w_cobatch=0`` gives the previous policy.
+whatever their SLO class, which undercounts tight ones. Pricing only the request's own wait
+sent a long prompt to the engine with the fewest pending tokens even when that meant delaying five short ones
+behind it. ``w_cobatch=0`` drops the term (the paper's prefill price).
 
 One deliberate departure from the paper: the decode backlog weight w_b_dec is 0, not w_b. A prefill engine
 is a FCFS queue, so a new prompt waits for the backlog ahead of it; a decode engine batches continuously,
 so a new request joins the running batch at the next step and waits behind nobody until the KV budget is
 full, which press_after prices. Charging decode instances their remaining seconds sends requests away from
-an engine finishing one long generation and onto one crowded with short ones. On the simulator this cost
-4.3 goodput points on reasoning traffic (0.917 against 0.960 for the length heuristic) and lost the narrow
-2P+3D pool; with w_b_dec = 0 marginal_cost is at or above the best baseline in every cell of
-`calroute experiment failure-regions` (docs/results/). ``w_b_dec=1`` gives the paper's policy back.
+an engine finishing one long generation and onto one crowded with short ones. ``w_b_dec=1`` gives the
+paper's policy back. docs/policies.md has what each change measured.
 
 step_curve=True prices a decode instance with the calibrated step curve instead of the (1 + rho * press)
 inflation: the request's own decode time there is o_hat * step_s(in_flight + 1, kv_after), with step_s =
 base + per_seq * batch + per_ctx * context from the calibration, and rho now prices only the part of
 kv_after beyond the KV budget (the request would wait for room). rho * press is not calibrated: with
 rho = 1 a full KV cache doubles the price, where the calibrated A40 curve adds about a fifth, and a stream
-costs nothing however many there are. So the KV price balances tokens and not streams: on live reasoning
-traffic it chose decode engines with 1.8 more streams than the emptiest, as round-robin did, and each stream
-delays a new request's first token.
+costs nothing however many there are. So the KV price balances tokens and not streams, and
+each stream on an engine delays a new request's first token.
 
 Feature switches remove one admission-time feature at a time (the paper's ablation, section V-G):
 use_output_length=False prices every request at ``fallback_output_tokens``; use_kv_pressure=False drops the

@@ -31,14 +31,14 @@ class ProxyConfig:
     predictor_seed: int = 0
     default_slo: SloClass = SloClass.LOOSE
     log_path: Path | None = None
-    decision_log_path: Path | None = None  # every decision with the view it was made on (decisions.py)
+    decision_log_path: Path | None = None  # each decision with its view (routing/decisions.py)
     poll_interval_s: float = 0.05
     health_interval_s: float = 1.0
     prefill_timeout_s: float = 60.0
     stall_timeout_s: float = 60.0  # longest silence from a decode engine before it counts as stalled
     max_attempts: int = 3
     max_body_bytes: int = 8 * 1024 * 1024
-    online_calibration: bool = False  # refit tau_pre / tau_dec from routed requests (calibrate/online.py)
+    online_calibration: bool = False  # refit tau_pre / tau_dec from routed requests (costmodel/online.py)
     admin_token: str | None = None  # from CALROUTE_ADMIN_TOKEN; None disables the admin endpoints
     engine_api_key: str | None = None  # from CALROUTE_ENGINE_API_KEY; sent to engines, never logged
 
