@@ -8,6 +8,7 @@ request's life, from admission to its record, is generate.py.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import IO, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -17,13 +18,14 @@ from calroute.costmodel.predictors import make_predictor
 from calroute.policies import make_policy
 from calroute.proxy import admin, surface
 from calroute.proxy.config import ENGINE_KEEPALIVE_S, ProxyConfig
+from calroute.proxy.engine_client import EngineClient
 from calroute.proxy.generate import Generation
 from calroute.proxy.http.client import Endpoint
 from calroute.proxy.http.server import Request, Response, Server, json_response
 from calroute.proxy.looplag import LoopLag
 from calroute.proxy.metrics import ProxyMetrics
 from calroute.proxy.prompt_length import PromptLength
-from calroute.proxy.signals import Signals
+from calroute.proxy.signals import ProbeFactory, Signals
 from calroute.results.records import RecordWriter
 from calroute.routing.decisions import DecisionLog
 from calroute.routing.ledger import Ledger
@@ -31,7 +33,15 @@ from calroute.routing.router import Router
 
 
 class Proxy:
-    def __init__(self, cfg: ProxyConfig) -> None:
+    """``engines`` (by engine id) and ``probe`` replace the engine connections and the /metrics and /health
+    polls' (tests: in-memory fake engines); by default, the proxy's own HTTP client to each engine's URL."""
+
+    def __init__(
+        self,
+        cfg: ProxyConfig,
+        engines: Mapping[str, EngineClient] | None = None,
+        probe: ProbeFactory | None = None,
+    ) -> None:
         self.cfg = cfg
         self._t0 = time.monotonic()
         self.ledger = Ledger(cfg.cluster.instance_specs(), cfg.calibration)
@@ -57,13 +67,18 @@ class Proxy:
             cfg.health_interval_s,
             self._engine_headers,
             poll_metrics=self._reads_samples(),
+            probe=probe,
         )
         self.metrics = ProxyMetrics(self._live, self._prices)
         self._loop_lag = LoopLag(self.metrics.loop_lag.observe)
         self.prompt_length = PromptLength()
         self.urls = {e.id: e.url for e in cfg.cluster.engines}
         # Client traffic only: the polls and probes keep connections of their own (signals.py).
-        self._endpoints = {e.id: Endpoint(e.url, ENGINE_KEEPALIVE_S) for e in cfg.cluster.engines}
+        self._endpoints: Mapping[str, EngineClient] = (
+            engines
+            if engines is not None
+            else {e.id: Endpoint(e.url, ENGINE_KEEPALIVE_S) for e in cfg.cluster.engines}
+        )
         self.generation = Generation(
             cfg,
             self.router,
@@ -122,8 +137,9 @@ class Proxy:
 
     # ---- serving ------------------------------------------------------------------------------------
 
-    async def start(self, host: str, port: int) -> int:
-        """Open the logs, start the engine signals, listen; returns the port (chosen if ``port`` is 0)."""
+    async def start(self, host: str, port: int, signals: bool = True) -> int:
+        """Open the logs, start the engine signals (unless told not to: they stay as they are until a
+        request fails), listen; returns the port (chosen if ``port`` is 0)."""
         if self.cfg.log_path is not None:
             self.cfg.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log = self.cfg.log_path.open("a")
@@ -132,7 +148,8 @@ class Proxy:
             self.cfg.decision_log_path.parent.mkdir(parents=True, exist_ok=True)
             self._decision_stream = self.cfg.decision_log_path.open("a", buffering=1)
             self.router.on_decision = DecisionLog(self._decision_stream)
-        self.signals.start()
+        if signals:
+            self.signals.start()
         self._loop_lag.start()
         return await self._server.start(host, port)
 

@@ -20,10 +20,10 @@ from typing import Any
 from calroute.engines import handoff
 from calroute.errors import NoCandidateError
 from calroute.proxy.config import SLOW_STEPS_PER_TOKEN, ProxyConfig
+from calroute.proxy.engine_client import EngineAnswer, EngineClient, UpstreamError
 from calroute.proxy.errors import ClientGone, EngineFailed, json_error
 from calroute.proxy.flight import Flight, Invalid, board
 from calroute.proxy.http import codec
-from calroute.proxy.http.client import Endpoint, EngineResponse, UpstreamError
 from calroute.proxy.http.server import Request, Response, Stream
 from calroute.proxy.metrics import ProxyMetrics
 from calroute.proxy.prompt_length import PromptLength
@@ -48,7 +48,7 @@ class Generation:
         signals: Signals,
         metrics: ProxyMetrics,
         prompt_length: PromptLength,
-        endpoints: Mapping[str, Endpoint],
+        endpoints: Mapping[str, EngineClient],
         engine_headers: Mapping[str, str],
         now: Callable[[], float],
         policy_name: str,
@@ -215,7 +215,7 @@ class Generation:
         tokens = limit if isinstance(limit, int) else self.cfg.cluster.max_model_len - f.prompt_tokens
         return self.cfg.stall_timeout_s + tokens * SLOW_STEPS_PER_TOKEN * self.cfg.calibration.tau_dec_s
 
-    async def _relay_json(self, r: EngineResponse, f: Flight) -> Response:
+    async def _relay_json(self, r: EngineAnswer, f: Flight) -> Response:
         payload = await r.read()
         now = self.now()
         try:
@@ -229,7 +229,7 @@ class Generation:
         return Response(payload, r.status)
 
     async def _relay_stream(
-        self, request: Request, r: EngineResponse, f: Flight, client_wants_usage: bool
+        self, request: Request, r: EngineAnswer, f: Flight, client_wants_usage: bool
     ) -> Response | Stream:
         """Relay the decode engine's SSE stream (relay.py). The response head goes to the client as soon
         as the decode engine's own does, as vLLM sends it, so that the client has read it before the first

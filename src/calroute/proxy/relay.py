@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from calroute.proxy.http.client import EngineResponse
+from calroute.proxy.engine_client import EngineAnswer
 from calroute.proxy.http.sse import scan
 
 CLIENT_BUFFER_BYTES = 256 * 1024  # unsent bytes to a slow client before the engine is paused
@@ -35,7 +35,7 @@ class StreamRelay:
         self.pending = b""  # an event cut across reads; what is left at the end goes out as is
         self._transport: asyncio.Transport | None = None
         self._chunked = True
-        self._source: EngineResponse | None = None
+        self._source: EngineAnswer | None = None
 
     def events(self, piece: bytes) -> bytes:
         """The complete events so far, as the client gets them; the rest waits for the next piece."""
@@ -57,7 +57,7 @@ class StreamRelay:
         self.error = seen.error or self.error
         return seen.events
 
-    def attach(self, transport: asyncio.Transport, chunked: bool, source: EngineResponse) -> None:
+    def attach(self, transport: asyncio.Transport, chunked: bool, source: EngineAnswer) -> None:
         """From now on, write to ``transport`` directly (the response head is already out)."""
         self._transport, self._chunked, self._source = transport, chunked, source
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
 from calroute.engines.cluster import ClusterEngine
 from calroute.proxy.http.scrape import ScrapeError, Scraper
@@ -20,6 +21,20 @@ from calroute.routing.ledger import Ledger
 logger = logging.getLogger(__name__)
 
 PROBE_FAILURES_TO_MARK = 3
+
+
+class Probe(Protocol):
+    """GET one URL of an engine, again and again (http/scrape.py's Scraper; a fake in tests)."""
+
+    async def get(self) -> tuple[int, bytes]:
+        """(status, body); raises ScrapeError when the engine cannot answer."""
+        ...
+
+    def close(self) -> None: ...
+
+
+# Makes the Probe of one URL: (url, headers, timeout_s), as Scraper's constructor takes them.
+ProbeFactory = Callable[[str, Mapping[str, str], float], Probe]
 
 _NAMES = {
     b"vllm:kv_cache_usage_perc": 0,
@@ -71,7 +86,9 @@ class Signals:
         health_interval_s: float = 1.0,
         headers: dict[str, str] | None = None,
         poll_metrics: bool = True,
+        probe: ProbeFactory | None = None,
     ) -> None:
+        probe = probe or Scraper
         self.engines = engines
         self.poll_metrics = poll_metrics  # scrape /metrics (only what reads the samples needs it)
         self.ledger = ledger
@@ -88,10 +105,10 @@ class Signals:
         # one kept-alive connection per engine for /metrics and one for /health: a bounded, steady number
         # of sockets however long the proxy runs
         self._metrics = {
-            e.id: Scraper(f"{e.url}/metrics", self._headers, max(1.0, 10 * poll_interval_s)) for e in engines
+            e.id: probe(f"{e.url}/metrics", self._headers, max(1.0, 10 * poll_interval_s)) for e in engines
         }
         self._health = {
-            e.id: Scraper(f"{e.url}/health", self._headers, max(2.0, health_interval_s)) for e in engines
+            e.id: probe(f"{e.url}/health", self._headers, max(2.0, health_interval_s)) for e in engines
         }
 
     def start(self) -> None:
