@@ -13,7 +13,7 @@ from calroute.costmodel.profiles import get_profile
 from calroute.errors import CalibrationError
 from calroute.policies import make_policy
 from calroute.routing.ledger import Ledger
-from calroute.routing.router import Router
+from calroute.routing.router import OnlineRecalibration, Router
 from calroute.sim.simulator import ClusterShape, ClusterSim
 from calroute.workload.families import generate_family
 
@@ -61,7 +61,7 @@ def test_a_simulated_router_started_mismatched_converges() -> None:
         make_policy("marginal_cost", {}, wrong),
         make_predictor("bucket"),
         Ledger(shape.instances(PROFILE.limits.kv_capacity_tokens), wrong),
-        online=(oc, lambda cal: make_policy("marginal_cost", {}, cal)),
+        online=OnlineRecalibration(oc, lambda cal: make_policy("marginal_cost", {}, cal)),
     )
     ClusterSim(PROFILE, shape, router, "marginal_cost").run(
         generate_family("mixed-bursty", 11.0, 1500, 0), lambda rec: None

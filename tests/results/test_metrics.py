@@ -21,7 +21,20 @@ def rec(
 ) -> RequestRecord:
     first = 10.0 + ttft
     return RequestRecord(
-        "r", slo, 100, out, out, out, "p", "p0", "d0", 10.0, 10.05, first, first + tpot * (out - 1), status
+        request_id="r",
+        slo_class=slo,
+        prompt_tokens=100,
+        target_output_tokens=out,
+        predicted_output_tokens=out,
+        output_tokens=out,
+        policy="p",
+        prefill_id="p0",
+        decode_id="d0",
+        arrival_s=10.0,
+        prefill_done_s=10.05,
+        first_token_s=first,
+        last_token_s=first + tpot * (out - 1),
+        status=status,
     )
 
 

@@ -50,7 +50,20 @@ def test_round_trip(rec: RequestRecord) -> None:
 
 def test_derived_latencies() -> None:
     rec = RequestRecord(
-        "a", SloClass.TIGHT, 10, 5, 5, 5, "p", "prefill-0", "decode-0", 1.0, 1.1, 1.2, 1.6, RequestStatus.OK
+        request_id="a",
+        slo_class=SloClass.TIGHT,
+        prompt_tokens=10,
+        target_output_tokens=5,
+        predicted_output_tokens=5,
+        output_tokens=5,
+        policy="p",
+        prefill_id="prefill-0",
+        decode_id="decode-0",
+        arrival_s=1.0,
+        prefill_done_s=1.1,
+        first_token_s=1.2,
+        last_token_s=1.6,
+        status=RequestStatus.OK,
     )
     assert rec.ttft_s == pytest.approx(0.2)
     assert rec.tpot_s == pytest.approx(0.1)
@@ -61,21 +74,21 @@ def test_derived_latencies() -> None:
 def test_writer_and_reader(tmp_path: Path) -> None:
     recs = [
         RequestRecord(
-            f"r{i}",
-            SloClass.LOOSE,
-            1,
-            1,
-            1,
-            1,
-            "p",
-            None,
-            None,
-            float(i),
-            None,
-            None,
-            None,
-            RequestStatus.REJECTED,
-            "x",
+            request_id=f"r{i}",
+            slo_class=SloClass.LOOSE,
+            prompt_tokens=1,
+            target_output_tokens=1,
+            predicted_output_tokens=1,
+            output_tokens=1,
+            policy="p",
+            prefill_id=None,
+            decode_id=None,
+            arrival_s=float(i),
+            prefill_done_s=None,
+            first_token_s=None,
+            last_token_s=None,
+            status=RequestStatus.REJECTED,
+            error="x",
         )
         for i in range(5)
     ]
@@ -96,7 +109,20 @@ def test_writer_and_reader(tmp_path: Path) -> None:
         (
             record_to_json(
                 RequestRecord(
-                    "a", SloClass.LOOSE, 1, 1, 1, 1, "p", None, None, 0.0, None, None, None, RequestStatus.OK
+                    request_id="a",
+                    slo_class=SloClass.LOOSE,
+                    prompt_tokens=1,
+                    target_output_tokens=1,
+                    predicted_output_tokens=1,
+                    output_tokens=1,
+                    policy="p",
+                    prefill_id=None,
+                    decode_id=None,
+                    arrival_s=0.0,
+                    prefill_done_s=None,
+                    first_token_s=None,
+                    last_token_s=None,
+                    status=RequestStatus.OK,
                 )
             ).replace('"ok"', '"weird"'),
             "weird",

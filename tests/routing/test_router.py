@@ -11,7 +11,7 @@ import pytest
 from calroute.costmodel.calibration import Calibration
 from calroute.costmodel.online import OnlineCalibrator
 from calroute.routing.ledger import Ledger
-from calroute.routing.router import Router
+from calroute.routing.router import OnlineRecalibration, Router
 from calroute.types import Admission, ClusterView, InstanceSpec, Role, RouteDecision, SloClass
 
 SPECS = [
@@ -143,7 +143,7 @@ def test_online_recalibration_hears_unqueued_prefills_and_decodes_then_swaps_the
         return Policy()
 
     first = Policy()
-    router = Router(first, Predictor(), ledger, online=(calibrator, factory))
+    router = Router(first, Predictor(), ledger, online=OnlineRecalibration(calibrator, factory))
     router.admit("a", 800, SloClass.LOOSE, 0.0)  # p1 was idle: its prefill time is a clean sample
     router.admit("b", 300, SloClass.LOOSE, 0.1)  # p1 busy with "a": queued, no sample
     router.prefill_done("a", 0.4, 800)

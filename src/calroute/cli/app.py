@@ -9,14 +9,14 @@ import typer
 
 from calroute.cli.bench import bench
 from calroute.cli.calibrate import calibrate
-from calroute.cli.common import err
+from calroute.cli.common import exit_on_error
 from calroute.cli.engines import engines_app
 from calroute.cli.experiment import experiment, report
 from calroute.cli.run import run
 from calroute.cli.serve import serve
 from calroute.cli.simulate import profile_cmd, simulate
 from calroute.engines.procs import stop_on_sigterm
-from calroute.errors import CalrouteError, ConfigError
+from calroute.errors import ConfigError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 app.add_typer(engines_app, name="engines")
@@ -38,13 +38,10 @@ def demo(
     """The main job: a calibrated 2P+4D emulated cluster, the four policies live through the proxy."""
     from calroute.cli.demo import run_demo
 
-    try:
+    with exit_on_error():
         if not 1 <= seeds <= 10:
             raise ConfigError(f"--seeds must be in [1, 10], got {seeds}")
         run_demo(out_dir, seeds)
-    except CalrouteError as e:
-        err.print(f"[red]error:[/] {e}")
-        raise typer.Exit(2) from e
 
 
 def main() -> None:

@@ -18,14 +18,13 @@ from typing import Annotated, Any
 
 import aiohttp
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from calroute import aio
+from calroute.cli.common import err, exit_on_error, load_profile, progress_bar
 from calroute.costmodel.calibration import Calibration
-from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile, profile_names
+from calroute.costmodel.profiles import DEFAULT_PROFILE, profile_names
 from calroute.engines.cluster import ClusterFile
-from calroute.errors import CalrouteError, ConfigError
+from calroute.errors import ConfigError
 from calroute.harness import gates
 from calroute.harness.loadgen import DEFAULT_MAX_LATENESS_S, DEFAULT_TIMEOUT_S, LoadResult, drive
 from calroute.results.metrics import summarize
@@ -34,7 +33,6 @@ from calroute.types import RequestSpec
 from calroute.workload.families import FAMILIES
 from calroute.workload.source import FamilyWorkload, TraceWorkload, WorkloadSource
 
-err = Console(stderr=True)
 Family = Enum("Family", {f: f for f in FAMILIES}, type=str)  # type: ignore[misc]
 EXIT_INVALID = 3
 
@@ -148,18 +146,6 @@ def _summary(
     }
 
 
-def _progress() -> Progress:
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-        disable=not err.is_terminal,
-    )
-
-
 def bench(
     target: Annotated[str, typer.Option(help="base URL to drive: the router proxy (or one engine)")],
     rate: Annotated[float, typer.Option(help="mean arrival rate, requests/s")],
@@ -193,7 +179,7 @@ def bench(
     ] = DEFAULT_TIMEOUT_S,
 ) -> None:
     """Drive a live target with a workload, open loop; write per-request records and a summary."""
-    try:
+    with exit_on_error():
         if (workload is None) == (trace is None):
             raise ConfigError("give exactly one of --workload and --trace")
         if calibration is not None and profile is not None:
@@ -204,10 +190,7 @@ def bench(
             raise ConfigError(f"--trace {trace}: no such file")
         if profile is not None and profile not in profile_names():
             raise ConfigError(f"--profile {profile!r}: known: {', '.join(profile_names())}")
-        if calibration is not None:
-            cal = Calibration.load(calibration)
-        else:
-            cal = get_profile(profile or DEFAULT_PROFILE).calibration
+        cal = load_profile(profile, calibration).calibration
         source: WorkloadSource = (
             FamilyWorkload(workload.value, 1, tight_fraction)
             if workload is not None
@@ -233,14 +216,11 @@ def bench(
                     f"[yellow]warning:[/] {too_long} request(s) exceed the model's max_model_len {max_len}: "
                     "they will fail"
                 )
-    except CalrouteError as e:
-        err.print(f"[red]error:[/] {e}")
-        raise typer.Exit(2) from e
 
     _raise_fd_limit()
     out_dir.mkdir(parents=True, exist_ok=True)
     records_path = out_dir / "records.jsonl"
-    with records_path.open("w") as f, _progress() as progress:
+    with records_path.open("w") as f, progress_bar() as progress:
         writer = RecordWriter(f, flush_every=64)  # a crash loses at most 64 records; writes stay cheap
         task = progress.add_task(f"{policy_label} @ {rate:g} req/s", total=len(reqs))
         result = aio.run(

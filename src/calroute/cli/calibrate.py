@@ -13,15 +13,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from calroute.cli.common import err, exit_on_error
 from calroute.engines.cluster import ClusterFile
-from calroute.errors import CalibrationError, CalrouteError
-
-err = Console(stderr=True)
-
-
-def _fail(e: CalrouteError) -> typer.Exit:
-    err.print(f"[red]error:[/] {e}")
-    return typer.Exit(2)
+from calroute.errors import CalibrationError
 
 
 def _seconds(value: float) -> str:
@@ -105,7 +99,7 @@ def calibrate(
             soft_wrap=True,
         )
 
-    try:
+    with exit_on_error():
         c = ClusterFile.load(cluster)
         cal, rep = calibrate_cluster(
             c,
@@ -122,8 +116,6 @@ def calibrate(
                 report.write_text(json.dumps(rep, indent=1) + "\n")
         except OSError as e:
             raise CalibrationError(f"cannot write {e.filename}: {e.strerror}") from e
-    except CalrouteError as e:
-        raise _fail(e) from e
     stdout = Console() if Console().is_terminal else Console(width=140)
     for table in _tables(rep):
         stdout.print(table)

@@ -1,16 +1,25 @@
-"""What every command shares: the consoles, errors, the progress bar, tables and --param parsing."""
+"""What every command shares: the consoles, errors, the progress bar, tables, --param parsing and the
+hardware profile a command falls back to."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from calroute.costmodel.calibration import Calibration
-from calroute.costmodel.profiles import HardwareProfile, get_profile, profile_from_calibration
-from calroute.errors import ConfigError
+from calroute.costmodel.profiles import (
+    DEFAULT_PROFILE,
+    HardwareProfile,
+    get_profile,
+    profile_from_calibration,
+)
+from calroute.errors import CalrouteError, ConfigError
 from calroute.experiments.compare import RunResult
 from calroute.results.tables import RunRow, by_policy
 
@@ -19,10 +28,30 @@ err = Console(stderr=True)
 out = Console() if Console().is_terminal else Console(width=120)
 
 
-def parse_param_options(items: list[str], policies: list[str]) -> dict[str, dict[str, str]]:
+@contextmanager
+def exit_on_error() -> Iterator[None]:
+    """A CalrouteError raised inside becomes the command's error line on stderr and exit code 2."""
+    try:
+        yield
+    except CalrouteError as e:
+        err.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from e
+
+
+def parse_param_options(
+    items: list[str], policies: list[str], *, qualified: bool = True
+) -> dict[str, dict[str, str]]:
+    """--param values by policy. ``qualified``: POLICY.NAME=VALUE, POLICY one of ``policies``; otherwise
+    NAME=VALUE, all for the one policy given (`serve`)."""
     params: dict[str, dict[str, str]] = {}
     for item in items:
         key, sep, value = item.partition("=")
+        if not qualified:
+            if not sep:
+                raise ConfigError(f"--param {item!r}: expected NAME=VALUE")
+            (policy,) = policies
+            params.setdefault(policy, {})[key] = value
+            continue
         policy, dot, name = key.partition(".")
         if not sep or not dot or not name:
             raise ConfigError(f"--param {item!r}: expected POLICY.NAME=VALUE, e.g. marginal_cost.rho=2")
@@ -71,7 +100,12 @@ def print_table(results: list[RunResult], title: str) -> None:
     out.print(table)
 
 
-def load_profile(profile: str, calibration: Path | None) -> HardwareProfile:
+def load_profile(
+    profile: str | None = None, calibration: Path | Calibration | None = None
+) -> HardwareProfile:
+    """The hardware a command models: the named profile (default: DEFAULT_PROFILE), or with a calibration
+    (a file, or one at hand) that calibration's curves and constants under the profile's engine limits."""
     if calibration is not None:
-        return profile_from_calibration(Calibration.load(calibration), get_profile(profile).limits)
-    return get_profile(profile)
+        cal = Calibration.load(calibration) if isinstance(calibration, Path) else calibration
+        return profile_from_calibration(cal, get_profile(profile or DEFAULT_PROFILE).limits)
+    return get_profile(profile or DEFAULT_PROFILE)

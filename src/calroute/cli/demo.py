@@ -13,8 +13,7 @@ import time
 from pathlib import Path
 
 from calroute.calibrate.run import calibrate_cluster
-from calroute.cli.common import err, print_table
-from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile, profile_from_calibration
+from calroute.cli.common import err, load_profile, print_table
 from calroute.engines.launch import up_emulated
 from calroute.experiments.backends import SimBackend
 from calroute.experiments.base import goodput_table, latency_cdfs
@@ -59,13 +58,13 @@ def run_demo(out_dir: Path, live_seeds: int = 1) -> Path:
         say("gates: " + ", ".join(f"{g.name} ok" for g in gates))
         cal, cal_report = calibrate_cluster(cluster, CALIBRATION_BUDGET_S, lambda m: None)
         cal.save(out_dir / "calibration.json")
-        profile = get_profile(DEFAULT_PROFILE).calibration
+        profile = load_profile().calibration
         say(
             f"calibrated: tau_pre {cal.tau_pre_s * 1e6:.1f} us, tau_dec {cal.tau_dec_s * 1e3:.2f} ms "
             f"(the profile x {TIME_SCALE:g}: {TIME_SCALE * profile.tau_pre_s * 1e6:.1f} us, "
             f"{TIME_SCALE * profile.tau_dec_s * 1e3:.2f} ms)"
         )
-        sim = SimBackend(profile_from_calibration(cal))
+        sim = SimBackend(load_profile(calibration=cal))
         # the live runs' length: saturation depends on how long bursts have to build queues
         rate = sim.saturation_rate(2, 4, "mixed-bursty", LIVE_REQUESTS)
         say(f"saturation on the calibrated simulator: round_robin crosses 0.85 at {rate:.2f} req/s")

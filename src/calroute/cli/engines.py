@@ -8,26 +8,19 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-from calroute.costmodel.calibration import Calibration
-from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile, profile_from_calibration, profile_names
+from calroute.cli.common import err, exit_on_error, load_profile
+from calroute.costmodel.profiles import DEFAULT_PROFILE, profile_names
 from calroute.engines.cluster import ClusterFile
-from calroute.errors import CalrouteError, ConfigError
+from calroute.errors import ConfigError
 from calroute.types import Role
 
 engines_app = typer.Typer(no_args_is_help=True, help="Engines: the vLLM emulator, real vLLM, cluster files.")
-err = Console(stderr=True)
 
 
 class Kind(StrEnum):
     emulated = "emulated"
     vllm = "vllm"
-
-
-def _fail(e: CalrouteError) -> typer.Exit:
-    err.print(f"[red]error:[/] {e}")
-    return typer.Exit(2)
 
 
 @engines_app.command()
@@ -59,7 +52,7 @@ def emulate(
     from calroute.engines.group import EngineSpec, GroupConfig
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
+    with exit_on_error():
         specs = []
         for item in engine:
             role, _, port = item.partition(":")
@@ -67,9 +60,7 @@ def emulate(
                 specs.append(EngineSpec(Role(role), int(port or 0)))
             except ValueError as e:
                 raise ConfigError(f"--engine {item!r}: expected prefill:PORT or decode:PORT") from e
-        hw = get_profile(profile)
-        if calibration is not None:
-            hw = profile_from_calibration(Calibration.load(calibration), hw.limits)
+        hw = load_profile(profile, calibration)
         if kv_load_failure_policy not in ("fail", "recompute"):
             raise ConfigError(
                 f"--kv-load-failure-policy must be fail or recompute, got {kv_load_failure_policy!r}"
@@ -85,8 +76,6 @@ def emulate(
             handshake_timeout_s=handshake_timeout_s,
             seed=seed,
         )
-    except CalrouteError as e:
-        raise _fail(e) from e
     run(config, specs)
 
 
@@ -108,7 +97,7 @@ def up(
     """Start engines, wait until they are healthy, write the cluster file."""
     from calroute.engines import launch
 
-    try:
+    with exit_on_error():
         if kind is Kind.emulated:
             launched = launch.up_emulated(
                 prefill,
@@ -122,8 +111,6 @@ def up(
             )
         else:
             launched = launch.up_vllm(prefill, decode, log_dir, repo_root=Path.cwd())
-    except CalrouteError as e:
-        raise _fail(e) from e
     cluster = launched.file
     cluster.save(out)
     for engine in cluster.engines:
@@ -138,9 +125,7 @@ def down(
     """Stop every engine process a cluster file names."""
     from calroute.engines import launch
 
-    try:
+    with exit_on_error():
         cluster = ClusterFile.load(cluster_file)
         launch.down(cluster)
-    except CalrouteError as e:
-        raise _fail(e) from e
     err.print(f"stopped {len(cluster.pgids)} process group(s)")

@@ -7,11 +7,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-from calroute.errors import CalrouteError, ConfigError
-
-err = Console(stderr=True)
+from calroute.cli.common import err, exit_on_error, load_profile
+from calroute.errors import ConfigError
 
 
 class BackendKind(StrEnum):
@@ -42,13 +40,12 @@ def experiment(
     ] = "live",
 ) -> None:
     """Run one of the paper's experiments (or all) and write its results and report section."""
-    from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile
     from calroute.experiments import EXPERIMENTS, get_experiment
     from calroute.experiments.backends import Backend, SimBackend
     from calroute.experiments.report import write_report
     from calroute.experiments.runner import Scale, run_experiment, scale_for
 
-    try:
+    with exit_on_error():
         names = list(EXPERIMENTS) if name == "all" else [get_experiment(name).name]
         default = scale_for(backend.value, quick)
         if (requests is not None and requests < 1) or (seeds is not None and seeds < 1):
@@ -63,7 +60,7 @@ def experiment(
         else:
             if time_scale != 1.0 or saturation != "live":
                 raise ConfigError("--time-scale and --saturation apply to live backends only")
-            be = SimBackend(get_profile(DEFAULT_PROFILE))
+            be = SimBackend(load_profile())
         try:
             for n in names:
                 run_experiment(
@@ -81,9 +78,6 @@ def experiment(
             if close is not None:
                 close()
         report = write_report(out / backend.value)
-    except CalrouteError as e:
-        err.print(f"[red]error:[/] {e}")
-        raise typer.Exit(2) from e
     err.print(f"report: {report}")
 
 
@@ -93,9 +87,6 @@ def report(
     """Assemble every experiment's results under DIR into one Markdown report with plots."""
     from calroute.experiments.report import write_report
 
-    try:
+    with exit_on_error():
         path = write_report(directory)
-    except CalrouteError as e:
-        err.print(f"[red]error:[/] {e}")
-        raise typer.Exit(2) from e
     err.print(f"wrote {path}")

@@ -7,12 +7,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-from calroute.errors import CalrouteError, ConfigError
+from calroute.cli.common import err, exit_on_error, load_profile, parse_param_options, print_table
+from calroute.errors import ConfigError
 from calroute.workload.families import FAMILIES
-
-err = Console(stderr=True)
 
 
 def run(
@@ -38,9 +36,7 @@ def run(
     ] = None,
 ) -> None:
     """Gate, calibrate, then for each policy and seed: fresh proxy, reset caches, warm up, drive, collect."""
-    from calroute.cli.common import parse_param_options, print_table
     from calroute.costmodel.calibration import Calibration
-    from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile
     from calroute.engines.cluster import ClusterFile
     from calroute.experiments.compare import RunResult
     from calroute.experiments.comparison import Comparison, summary_json
@@ -51,7 +47,7 @@ def run(
     from calroute.policies import make_policy
     from calroute.sim.simulator import SimStats
 
-    try:
+    with exit_on_error():
         if (rate is None) == (not saturate_):
             raise ConfigError("give exactly one of --rate and --saturate")
         if workload not in FAMILIES:
@@ -59,7 +55,7 @@ def run(
         names = tuple(p.strip() for p in policies.split(",") if p.strip())
         params = parse_param_options(param or [], list(names))
         for name in names:  # a bad policy, parameter or value fails here, before the gates and calibration
-            make_policy(name, params.get(name, {}), get_profile(DEFAULT_PROFILE).calibration)
+            make_policy(name, params.get(name, {}), load_profile().calibration)
         c = ClusterFile.load(cluster)
         require_gates(c)
         err.print("correctness gates passed")
@@ -84,9 +80,6 @@ def run(
             scale=Scale(requests, tuple(range(seeds))),
             extra_manifest={"cluster": str(cluster), "calibration": cal.provenance},
         )
-    except CalrouteError as e:
-        err.print(f"[red]error:[/] {e}")
-        raise typer.Exit(2) from e
     (out / "summary.json").write_text(json.dumps(summary_json(result), indent=2) + "\n")
     stats = SimStats(0, 0, 0.0, 0, {})
     print_table(

@@ -9,16 +9,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-from calroute.costmodel.calibration import Calibration
-from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile
+from calroute.cli.common import err, exit_on_error, load_profile, parse_param_options
 from calroute.engines.cluster import ClusterFile
-from calroute.errors import CalrouteError, ConfigError
 from calroute.policies import policy_names
 from calroute.types import SloClass
-
-err = Console(stderr=True)
 
 
 def serve(
@@ -71,23 +66,16 @@ def serve(
     from calroute.proxy.config import ProxyConfig
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
+    with exit_on_error():
         c = ClusterFile.load(cluster)
-        if calibration is not None:
-            cal = Calibration.load(calibration)
-        elif c.profile is not None and not c.profile.startswith("calibration:"):
-            cal = get_profile(c.profile).calibration
-        else:
-            cal = get_profile(DEFAULT_PROFILE).calibration
+        # no --calibration: the constants of the profile the engines were started with, else the default's
+        named = c.profile if c.profile is not None and not c.profile.startswith("calibration:") else None
+        cal = load_profile(None if calibration is not None else named, calibration).calibration
+        if calibration is None and named is None:
             err.print(
                 "[yellow]warning:[/] no --calibration: pricing with the a40-qwen2.5-3b profile's constants"
             )
-        params: dict[str, str] = {}
-        for item in param or []:
-            key, sep, value = item.partition("=")
-            if not sep:
-                raise ConfigError(f"--param {item!r}: expected NAME=VALUE")
-            params[key] = value
+        params = parse_param_options(param or [], [policy], qualified=False).get(policy, {})
         proxy = Proxy(
             ProxyConfig(
                 cluster=c,
@@ -107,9 +95,6 @@ def serve(
                 engine_api_key=os.environ.get("CALROUTE_ENGINE_API_KEY") or None,
             )
         )
-    except CalrouteError as e:
-        err.print(f"[red]error:[/] {e}")
-        raise typer.Exit(2) from e
     from calroute.proxy.http.server import run_until_signalled
 
     # A full garbage collection walks every object the process holds: 15 - 18 ms once the proxy's libraries

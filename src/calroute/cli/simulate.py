@@ -10,11 +10,18 @@ from typing import Annotated, Any
 
 import typer
 
-from calroute.cli.common import err, load_profile, parse_param_options, print_table, progress_bar
+from calroute.cli.common import (
+    err,
+    exit_on_error,
+    load_profile,
+    parse_param_options,
+    print_table,
+    progress_bar,
+)
 from calroute.costmodel.calibration import Calibration
 from calroute.costmodel.predictors import PREDICTOR_NAMES
 from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile, profile_names
-from calroute.errors import CalrouteError, ConfigError
+from calroute.errors import ConfigError
 from calroute.experiments.compare import RunResult, SimSetup, compare, saturate
 from calroute.experiments.saturation import Probe
 from calroute.policies import policy_names
@@ -147,7 +154,7 @@ def simulate(
     json_: Annotated[bool, typer.Option("--json", help="print one JSON object to stdout")] = False,
 ) -> None:
     """Compare routing policies on the simulated prefill/decode cluster."""
-    try:
+    with exit_on_error():
         if (workload is None) == (trace is None):
             raise ConfigError("give exactly one of --workload and --trace")
         if rate is not None and saturate_:
@@ -187,9 +194,6 @@ def simulate(
             saturation_target if saturate_ else None,
             out_dir,
         )
-    except CalrouteError as e:
-        err.print(f"[red]error:[/] {e}")
-        raise typer.Exit(2) from e
     if json_:
         sys.stdout.write(json.dumps(result) + "\n")
         return
@@ -206,11 +210,8 @@ def profile_cmd(
     ] = None,
 ) -> None:
     """Show a hardware profile's constants (or save them as a calibration file)."""
-    try:
+    with exit_on_error():
         hw = get_profile(name)
-    except CalrouteError as e:
-        err.print(f"[red]error:[/] {e}")
-        raise typer.Exit(2) from e
     if out_file is not None:
         hw.calibration.save(out_file)
         err.print(f"wrote {out_file}")

@@ -9,16 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from calroute.costmodel.calibration import Calibration
-from calroute.costmodel.online import OnlineCalibrator
-from calroute.costmodel.predictors import make_predictor
 from calroute.costmodel.profiles import HardwareProfile
 from calroute.experiments.saturation import Probe, SaturationResult, find_saturation
-from calroute.policies import make_policy
 from calroute.results.metrics import RunSink, RunSummary, SummaryAccumulator
 from calroute.results.records import RecordWriter
+from calroute.routing.build import build_router
 from calroute.routing.ledger import Ledger
-from calroute.routing.router import Router
-from calroute.routing.seeds import derive_seed
+from calroute.routing.seeds import RouterSeeds
 from calroute.sim.simulator import ClusterShape, ClusterSim, SimStats
 from calroute.types import RequestSpec
 from calroute.workload.source import WorkloadSource
@@ -59,18 +56,16 @@ def simulate_run(
 ) -> RunResult:
     """One simulated run. With ``records_path``, every record is streamed to that JSONL file; ``label``
     names the run in its records (default: the policy)."""
-    params = dict(setup.policy_params.get(policy, {}))
-    if policy in ("random", "power_of_two") and "seed" not in params:
-        params["seed"] = derive_seed(seed, "policy")
-    pol = make_policy(policy, params, setup.router_calibration)
-    predictor = make_predictor(
-        setup.predictor, noise=setup.predictor_noise, seed=derive_seed(seed, "predictor")
+    router = build_router(
+        policy,
+        setup.policy_params.get(policy, {}),
+        setup.router_calibration,
+        Ledger(setup.shape.instances(setup.profile.limits.kv_capacity_tokens), setup.router_calibration),
+        seeds=RouterSeeds.of_run(seed),
+        predictor=setup.predictor,
+        predictor_noise=setup.predictor_noise,
+        online_calibration=setup.online_calibration,
     )
-    ledger = Ledger(setup.shape.instances(setup.profile.limits.kv_capacity_tokens), setup.router_calibration)
-    online = None
-    if setup.online_calibration:
-        online = (OnlineCalibrator(setup.router_calibration), lambda cal: make_policy(policy, params, cal))
-    router = Router(pol, predictor, ledger, online=online)
     sim = ClusterSim(setup.profile, setup.shape, router, label or policy, setup.sample_interval_s)
     acc = SummaryAccumulator(setup.profile.calibration.slo)
     with ExitStack() as stack:

@@ -27,7 +27,7 @@ from calroute.harness.gates import reset_prefix_caches
 from calroute.harness.loadgen import drive
 from calroute.results.metrics import RunSink, RunSummary, SummaryAccumulator
 from calroute.results.records import RecordWriter
-from calroute.routing.seeds import derive_seed
+from calroute.routing.seeds import RouterSeeds
 from calroute.routing.variant import Variant
 from calroute.types import RequestSpec, SloClass
 
@@ -76,7 +76,7 @@ def _proxy_argv(setup: LiveSetup, variant: Variant, run_dir: Path, port: int, se
         "--predictor-noise",
         repr(variant.predictor_noise),
         "--predictor-seed",
-        str(derive_seed(seed, "predictor")),  # the simulator's derivation (sim/compare.py)
+        str(RouterSeeds.of_run(seed).predictor),  # the simulator's (experiments/compare.py)
     ]
     for key, value in variant.params.items():
         argv += ["--param", f"{key}={value}"]

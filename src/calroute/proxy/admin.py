@@ -63,7 +63,7 @@ def state(proxy: Routed) -> dict[str, Any]:
             "tau_dec_s": prices.tau_dec_s,
             "source": prices.provenance.get("source"),
             "online": proxy.router.online is not None,
-            "refits": 0 if proxy.router.online is None else proxy.router.online[0].refits,
+            "refits": 0 if proxy.router.online is None else proxy.router.online.calibrator.refits,
         },
         "slo": {
             "tight_ttft_s": cal.slo.tight_ttft_s,

@@ -13,8 +13,6 @@ from typing import IO, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from calroute.costmodel.online import OnlineCalibrator
-from calroute.costmodel.predictors import make_predictor
 from calroute.policies import make_policy
 from calroute.proxy import admin, surface
 from calroute.proxy.config import ENGINE_KEEPALIVE_S, ProxyConfig
@@ -27,9 +25,10 @@ from calroute.proxy.metrics import ProxyMetrics
 from calroute.proxy.prompt_length import PromptLength
 from calroute.proxy.signals import ProbeFactory, Signals
 from calroute.results.records import RecordWriter
+from calroute.routing.build import build_router
 from calroute.routing.decisions import DecisionLog
 from calroute.routing.ledger import Ledger
-from calroute.routing.router import Router
+from calroute.routing.seeds import RouterSeeds
 
 
 class Proxy:
@@ -46,17 +45,17 @@ class Proxy:
         self._t0 = time.monotonic()
         self.ledger = Ledger(cfg.cluster.instance_specs(), cfg.calibration)
         self.policy_params: dict[str, Any] = dict(cfg.policy_params)
-        online = None
-        if cfg.online_calibration:
-            online = (
-                OnlineCalibrator(cfg.calibration),
-                lambda cal: make_policy(self.policy_name, self.policy_params, cal),
-            )
-        self.router = Router(
-            make_policy(cfg.policy, cfg.policy_params, cfg.calibration),
-            make_predictor(cfg.predictor, noise=cfg.predictor_noise, seed=cfg.predictor_seed),
+        self.router = build_router(
+            cfg.policy,
+            cfg.policy_params,
+            cfg.calibration,
             self.ledger,
-            online=online,
+            seeds=RouterSeeds(predictor=cfg.predictor_seed),  # seeded policies: their "seed" param, or 0
+            predictor=cfg.predictor,
+            predictor_noise=cfg.predictor_noise,
+            online_calibration=cfg.online_calibration,
+            # refits rebuild the policy routing then (switch_policy may have changed it)
+            policy_factory=lambda cal: make_policy(self.policy_name, self.policy_params, cal),
         )
         self._engine_headers = {"Authorization": f"Bearer {cfg.engine_api_key}"} if cfg.engine_api_key else {}
         self.signals = Signals(

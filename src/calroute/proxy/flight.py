@@ -53,21 +53,21 @@ class Flight:
 
     def record(self, policy: str, status: RequestStatus, error: str | None) -> RequestRecord:
         return RequestRecord(
-            self.request_id,
-            self.slo,
-            self.prompt_tokens,
-            self.target_tokens,
-            self.predicted,
-            self.output_tokens,
-            policy,
-            self.prefill_id,
-            self.decode_id,
-            self.arrival_s,
-            self.prefill_done_s,
-            self.first_token_s,
-            self.last_token_s,
-            status,
-            error,
+            request_id=self.request_id,
+            slo_class=self.slo,
+            prompt_tokens=self.prompt_tokens,
+            target_output_tokens=self.target_tokens,
+            predicted_output_tokens=self.predicted,
+            output_tokens=self.output_tokens,
+            policy=policy,
+            prefill_id=self.prefill_id,
+            decode_id=self.decode_id,
+            arrival_s=self.arrival_s,
+            prefill_done_s=self.prefill_done_s,
+            first_token_s=self.first_token_s,
+            last_token_s=self.last_token_s,
+            status=status,
+            error=error,
         )
 
 

@@ -49,6 +49,7 @@ class RequestRecord(SlottedValue):
 
     def __init__(
         self,
+        *,  # by keyword only: fifteen fields, several of the same type
         request_id: str,
         slo_class: SloClass,
         prompt_tokens: int,

@@ -17,6 +17,15 @@ DecisionHook = Callable[[Admission, ClusterView, RouteDecision], None]
 PolicyFactory = Callable[[Calibration], RoutingPolicy]
 
 
+@dataclass(frozen=True)
+class OnlineRecalibration:
+    """Online recalibration: what refits the constants from completed requests, and how the policy is
+    rebuilt with the new ones."""
+
+    calibrator: OnlineCalibrator
+    policy_factory: PolicyFactory
+
+
 @dataclass
 class _Tracked:
     """What online recalibration remembers of a request in flight."""
@@ -48,7 +57,7 @@ class Router:
         predictor: OutputLengthPredictor,
         ledger: Ledger,
         on_decision: DecisionHook | None = None,
-        online: tuple[OnlineCalibrator, PolicyFactory] | None = None,
+        online: OnlineRecalibration | None = None,
     ) -> None:
         """``online``: refit the constants from completed requests and rebuild the policy with them."""
         self.policy = policy
@@ -89,7 +98,7 @@ class Router:
             return
         t = self._tracked.get(request_id)
         if t is not None and t.unqueued_prefill and prompt_tokens is not None and self.online is not None:
-            self.online[0].observe_prefill(prompt_tokens, now_s - t.admitted_s)
+            self.online.calibrator.observe_prefill(prompt_tokens, now_s - t.admitted_s)
 
     def first_token(self, request_id: str, now_s: float) -> None:
         self.ledger.first_token(request_id, now_s)
@@ -116,7 +125,7 @@ class Router:
         t = self._tracked.pop(request_id, None)
         if t is None or self.online is None or not ok or output_tokens < 2 or first_token_s is None:
             return
-        calibrator, factory = self.online
+        calibrator = self.online.calibrator
         if t.at_first_token is not None:
             running, kv = self.ledger.sampled_load(t.decode_id)
             batch = max(1, round((running + t.at_first_token[0]) / 2))
@@ -125,9 +134,9 @@ class Router:
             )
         new = calibrator.maybe_refit()
         if new is not None:
-            self.policy = factory(new)
+            self.policy = self.online.policy_factory(new)
 
     @property
     def constants(self) -> Calibration | None:
         """The constants online recalibration currently prices with (None without it)."""
-        return None if self.online is None else self.online[0].current
+        return None if self.online is None else self.online.calibrator.current

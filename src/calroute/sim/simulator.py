@@ -170,21 +170,21 @@ class ClusterSim:
         if error is not None:
             self._sink(
                 RequestRecord(
-                    spec.request_id,
-                    spec.slo_class,
-                    spec.prompt_tokens,
-                    spec.output_tokens,
-                    0,
-                    0,
-                    self._policy_name,
-                    None,
-                    None,
-                    spec.arrival_s,
-                    None,
-                    None,
-                    None,
-                    RequestStatus.REJECTED,
-                    error,
+                    request_id=spec.request_id,
+                    slo_class=spec.slo_class,
+                    prompt_tokens=spec.prompt_tokens,
+                    target_output_tokens=spec.output_tokens,
+                    predicted_output_tokens=0,
+                    output_tokens=0,
+                    policy=self._policy_name,
+                    prefill_id=None,
+                    decode_id=None,
+                    arrival_s=spec.arrival_s,
+                    prefill_done_s=None,
+                    first_token_s=None,
+                    last_token_s=None,
+                    status=RequestStatus.REJECTED,
+                    error=error,
                 )
             )
             return
@@ -259,21 +259,21 @@ class ClusterSim:
         self._router.done(request_id, prompt_tokens, output_tokens, now, True, first_token_s)
         self._sink(
             RequestRecord(
-                request_id,
-                req.slo_class,
-                prompt_tokens,
-                output_tokens,
-                req.predicted_output_tokens,
-                output_tokens,
-                self._policy_name,
-                req.prefill_id,
-                req.decode_id,
-                req.arrival_s,
-                req.prefill_done_s,
-                first_token_s,
-                req.last_token_s,
-                RequestStatus.OK,
-                None,
+                request_id=request_id,
+                slo_class=req.slo_class,
+                prompt_tokens=prompt_tokens,
+                target_output_tokens=output_tokens,
+                predicted_output_tokens=req.predicted_output_tokens,
+                output_tokens=output_tokens,
+                policy=self._policy_name,
+                prefill_id=req.prefill_id,
+                decode_id=req.decode_id,
+                arrival_s=req.arrival_s,
+                prefill_done_s=req.prefill_done_s,
+                first_token_s=first_token_s,
+                last_token_s=req.last_token_s,
+                status=RequestStatus.OK,
+                error=None,
             )
         )
 

@@ -1,0 +1,47 @@
+"""The router as the simulator's runs and the proxy both assemble it: the policy by name, the predictor,
+their seeds, and online recalibration if asked for."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from calroute.costmodel.calibration import Calibration
+from calroute.costmodel.online import OnlineCalibrator
+from calroute.costmodel.predictors import make_predictor
+from calroute.policies import make_policy
+from calroute.routing.ledger import Ledger
+from calroute.routing.router import OnlineRecalibration, PolicyFactory, Router
+from calroute.routing.seeds import RouterSeeds
+
+SEEDED_POLICIES = ("random", "power_of_two")  # their "seed" parameter comes from RouterSeeds.policy
+
+
+def build_router(
+    policy: str,
+    params: Mapping[str, Any],
+    calibration: Calibration,
+    ledger: Ledger,
+    *,
+    seeds: RouterSeeds,
+    predictor: str = "bucket",
+    predictor_noise: float = 0.0,
+    online_calibration: bool = False,
+    policy_factory: PolicyFactory | None = None,
+) -> Router:
+    """A router pricing with ``calibration``; a ConfigError names a bad policy, parameter or predictor.
+
+    A seeded policy without a "seed" in ``params`` gets ``seeds.policy`` (if not None). With
+    ``online_calibration``, refits rebuild the policy with ``policy_factory`` (default: this policy with
+    these parameters; the proxy's follows a policy switched at run time).
+    """
+    params = dict(params)
+    if seeds.policy is not None and policy in SEEDED_POLICIES and "seed" not in params:
+        params["seed"] = seeds.policy
+    pol = make_policy(policy, params, calibration)
+    pred = make_predictor(predictor, noise=predictor_noise, seed=seeds.predictor)
+    online = None
+    if online_calibration:
+        factory = policy_factory or (lambda cal: make_policy(policy, params, cal))
+        online = OnlineRecalibration(OnlineCalibrator(calibration), factory)
+    return Router(pol, pred, ledger, online=online)
