@@ -15,6 +15,7 @@ import aiohttp
 import numpy as np
 
 from calroute.engines.handoff import PREFILL_KV_PARAMS
+from calroute.errors import CalrouteError
 
 # Prompt token ids: the emulator accepts [3, 4096) (0-2 are special); real models' vocabularies are larger,
 # but the tiny test model's is ~2k, so other clusters get a range every tokenizer accepts.
@@ -22,7 +23,7 @@ EMULATED_TOKEN_IDS = (3, 4096)
 DEFAULT_TOKEN_IDS = (10, 1000)
 
 
-class RequestFailed(Exception):
+class RequestFailed(CalrouteError):
     """One measurement request failed; the sweep drops that sample and carries on."""
 
 

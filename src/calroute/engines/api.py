@@ -12,9 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from calroute.engines import tokens
+from calroute.errors import CalrouteError
 
 
-class ApiError(Exception):
+class ApiError(CalrouteError):
+    """A request the emulator refuses, with the status and OpenAI error body vLLM would answer."""
+
     def __init__(
         self, status: int, message: str, param: str | None = None, kind: str = "BadRequestError"
     ) -> None:

@@ -10,6 +10,7 @@ from enum import Enum
 from typing import Any
 
 from calroute.engines import tokens
+from calroute.errors import CalrouteError
 
 
 class Phase(Enum):
@@ -19,7 +20,7 @@ class Phase(Enum):
     FINISHED = "finished"
 
 
-class PullFailed(Exception):
+class PullFailed(CalrouteError):
     """The prefill engine could not hand over the KV (unreachable, refused)."""
 
 

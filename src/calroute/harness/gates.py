@@ -66,7 +66,7 @@ class GateFailed(CalrouteError):
         super().__init__(f"correctness gates failed: {failed}")
 
 
-class _EngineError(Exception):
+class _EngineError(CalrouteError):
     """An engine answered, but not as the gate requires."""
 
 
