@@ -1,14 +1,11 @@
-"""The proxy's JSON error answers (OpenAI's shape) and the two ways a relay can end early."""
+"""The proxy's JSON error answers (OpenAI's shape, written by the server's ``json_error``) and the two ways
+a relay can end early."""
 
 from __future__ import annotations
 
-from calroute.proxy.http.server import Response, error_body
+from calroute.proxy.http.server import json_error
 
-
-def json_error(
-    status: int, message: str, kind: str = "BadRequestError", param: str | None = None
-) -> Response:
-    return Response(error_body(status, message, kind, param), status)
+__all__ = ["ClientGone", "EngineFailed", "json_error"]
 
 
 class EngineFailed(Exception):

@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import Callable
 
 from calroute.proxy.engine_client import EngineAnswer
+from calroute.proxy.http.framing import chunk
 from calroute.proxy.http.sse import scan
 
 CLIENT_BUFFER_BYTES = 256 * 1024  # unsent bytes to a slow client before the engine is paused
@@ -75,7 +76,7 @@ class StreamRelay:
         if transport.is_closing():
             self.client_gone = True
             return False
-        transport.write(b"%x\r\n%b\r\n" % (len(events), events) if self._chunked else events)
+        transport.write(chunk(events) if self._chunked else events)
         if transport.get_write_buffer_size() > CLIENT_BUFFER_BYTES:
             self._source.pause_reading()
             asyncio.get_running_loop().call_later(CLIENT_CHECK_S, self._check_client)

@@ -314,3 +314,57 @@ def test_a_relay_stopped_early_drops_its_connection() -> None:
         assert engine.connections == 2
 
     run(go())
+
+
+async def continue_then_stream(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
+    w.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    await w.drain()
+    await asyncio.sleep(0.01)
+    return await three_events_apart(r, w, body)
+
+
+async def misframes_after_one(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
+    sse_head(w)
+    sse_chunk(w, 0)
+    await w.drain()
+    await asyncio.sleep(0.01)
+    w.write(b"zz\r\n")  # not a chunk size
+    return True
+
+
+@pytest.mark.parametrize("read", ["parts", "relay"])
+def test_an_interim_answer_is_skipped(read: str) -> None:
+    async def go() -> None:
+        engine = Engine(continue_then_stream)
+        async with engine as ep:
+            for _ in range(2):
+                async with await ep.request("POST", "/v1/completions", {}, b"{}", read_timeout_s=2.0) as resp:
+                    assert resp.status == 200 and resp.headers[b"transfer-encoding"] == b"chunked"
+                    got: list[bytes] = []
+                    if read == "relay":
+                        assert await resp.relay(collect(got)) is True
+                    else:
+                        got = [part async for part in resp.parts()]
+                assert b"".join(got) == b"".join(b'data: {"n": %d}\n\n' % i for i in range(3))
+        assert engine.connections == 1
+
+    run(go())
+
+
+@pytest.mark.parametrize("read", ["parts", "relay"])
+def test_misframing_is_an_upstream_error_and_the_connection_is_dropped(read: str) -> None:
+    async def go() -> None:
+        engine = Engine(misframes_after_one)
+        async with engine as ep:
+            got: list[bytes] = []
+            async with await ep.request("POST", "/v1/completions", {}, b"{}", read_timeout_s=2.0) as resp:
+                with pytest.raises(UpstreamError, match="chunk size"):
+                    if read == "relay":
+                        await resp.relay(collect(got))
+                    else:
+                        async for part in resp.parts():
+                            got.append(part)
+            assert b"".join(got) == b'data: {"n": 0}\n\n'
+            assert not ep._idle
+
+    run(go())

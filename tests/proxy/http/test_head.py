@@ -1,80 +1,86 @@
-"""The request-head parser, without a socket: what it reads, and the status it refuses with."""
+"""The head meter (a head's size counted as reads arrive, however the head is cut), request headers, and
+status lines."""
 
 from __future__ import annotations
 
 import pytest
 
-from calroute.proxy.http.framing import BODY_CHUNKED, BODY_LENGTH
-from calroute.proxy.http.head import Headers, RequestHead, status_line
-
-MAX_BODY = 1000
+from calroute.proxy.http.head import MAX_HEAD_BYTES, Headers, HeadMeter, HeadTooLarge, status_line
 
 
-@pytest.mark.parametrize(
-    ("raw", "method", "path", "http11", "keep_alive", "body", "length", "expect_continue"),
-    [
-        (b"GET /v1/models HTTP/1.1", "GET", "/v1/models", True, True, BODY_LENGTH, 0, False),
-        (b"GET / HTTP/1.1\r\nConnection: close", "GET", "/", True, False, BODY_LENGTH, 0, False),
-        (b"GET / HTTP/1.0", "GET", "/", False, False, BODY_LENGTH, 0, False),
-        (b"GET / HTTP/1.0\r\nConnection: Keep-Alive", "GET", "/", False, True, BODY_LENGTH, 0, False),
-        (b"POST /x?a=1 HTTP/1.1\r\nContent-Length: 12", "POST", "/x?a=1", True, True, BODY_LENGTH, 12, False),
-        (b"POST /x HTTP/1.1\r\nTransfer-Encoding: Chunked", "POST", "/x", True, True, BODY_CHUNKED, 0, False),
-        (
-            b"POST /x HTTP/1.1\r\ncontent-length: 5\r\nExpect: 100-Continue",
-            "POST", "/x", True, True, BODY_LENGTH, 5, True,
-        ),
-        # The same length twice is one length, not an ambiguity.
-        (
-            b"POST /x HTTP/1.1\r\nContent-Length: 7\r\nContent-Length: 7",
-            "POST", "/x", True, True, BODY_LENGTH, 7, False,
-        ),
-    ],
-)  # fmt: skip
-def test_reads_a_head(
-    raw: bytes,
-    method: str,
-    path: str,
-    http11: bool,
-    keep_alive: bool,
-    body: object,
-    length: int,
-    expect_continue: bool,
-) -> None:
-    h = RequestHead(raw, MAX_BODY)
-    assert (h.method, h.target, h.http11, h.keep_alive) == (method, path, http11, keep_alive)
-    assert (h.body, h.length, h.expect_continue) == (body, length, expect_continue)
+def measure(reads: list[bytes], heads: list[tuple[int, int]]) -> list[int]:
+    """Drive a meter as a parser would: ``heads`` are (start, end) offsets in the joined reads of each
+    head, lines of 10 bytes; bytes before the first head are an earlier message's body. The size the meter
+    had at each head's end."""
+    meter = HeadMeter()
+    if heads[0][0]:
+        meter.begin()
+        meter.end()
+    sizes: list[int] = []
+    offset = 0
+    for data in reads:
+        meter.read(data)
+        for at in range(offset, offset + len(data)):
+            for start, end in heads:
+                if at == start:
+                    meter.done()
+                    meter.begin()
+                elif at > start and (at - start) % 10 == 0 and at <= end:
+                    meter.line(10)
+                if at == end:
+                    sizes.append(meter.size)
+                    meter.end()
+                    meter.done()
+        meter.after(data)
+        offset += len(data)
+    return sizes
+
+
+def head(size: int) -> bytes:
+    return b"x" * (size - 4) + b"\r\n\r\n"
 
 
 @pytest.mark.parametrize(
-    ("raw", "status", "says"),
+    ("reads", "heads", "sizes"),
     [
-        (b"GET /", 400, "malformed request line"),
-        (b"GET v1 HTTP/1.1", 400, "malformed request line"),
-        (b"G3T / HTTP/1.1", 400, "malformed request line"),
-        (b"GET / HTTP/2.0", 505, "unsupported version"),
-        (b"GET / HTTP/1.1\r\nNoColon", 400, "malformed header line"),
-        (b"GET / HTTP/1.1\r\n Folded: x", 400, "malformed header line"),
-        (b"GET / HTTP/1.1\r\nBad Name: x", 400, "malformed header line"),
-        (b"POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked", 400, "both"),
-        (b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip", 501, "unsupported Transfer-Encoding"),
-        (b"POST / HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4", 400, "bad Content-Length"),
-        (b"POST / HTTP/1.1\r\nContent-Length: -1", 400, "bad Content-Length"),
-        (b"POST / HTTP/1.1\r\nContent-Length: 1001", 413, "larger than 1000 bytes"),
-        (b"GET / HTTP/1.1\r\nX: " + b"a" * 8200, 431, "longer than 8192"),
+        ([head(100)], [(0, 99)], [90]),  # lines counted in the read where it began
+        ([head(100)[:50], head(100)[50:]], [(0, 99)], [100]),  # then the whole read, then up to the end
+        ([head(100)[:50], head(100)[50:98], head(100)[98:] + b"BODY"], [(0, 99)], [100]),
+        ([head(100)[:98], head(100)[98:]], [(0, 99)], [100]),  # the blank line cut across reads
+        (
+            [b"BODY" + head(100)[:40], head(100)[40:]],
+            [(4, 103)],
+            [90],
+        ),  # pipelined: whole lines, then the rest
     ],
 )
-def test_refuses_a_head(raw: bytes, status: int, says: str) -> None:
-    with pytest.raises(ValueError) as info:
-        RequestHead(raw, MAX_BODY)
-    message, got = info.value.args
-    assert got == status and says in message
+# The one inexact count: the line cut by the end of a read in which a head began after another message.
+def test_the_meter_counts_a_head_however_it_is_cut(
+    reads: list[bytes], heads: list[tuple[int, int]], sizes: list[int]
+) -> None:
+    assert measure(reads, heads) == sizes
 
 
-def test_headers_any_case_and_repeats_joined() -> None:
-    h = RequestHead(b"GET / HTTP/1.1\r\nX-Tag: a\r\nx-tag: b\r\nAuthorization: Bearer t", MAX_BODY)
-    assert isinstance(h.headers, Headers)
-    assert h.headers.get("X-TAG") == "a, b" and "authorization" in h.headers and "AUTHORIZATION" in h.headers
-    assert h.headers.get("missing", "d") == "d" and 3 not in h.headers
+@pytest.mark.parametrize("step", [1000, 4096, 65_536, 70_000])
+def test_the_meter_stops_a_head_over_the_limit_as_it_arrives(step: int) -> None:
+    raw = b"x" * (MAX_HEAD_BYTES + 5_000)  # no end in sight
+    meter = HeadMeter()
+    taken = 0
+    with pytest.raises(HeadTooLarge):
+        for i in range(0, len(raw), step):
+            data = raw[i : i + step]
+            meter.read(data)
+            if i == 0:
+                meter.begin()
+            meter.after(data)
+            taken += len(data)
+    assert taken <= MAX_HEAD_BYTES + step  # no more than one read past the limit
+
+
+def test_headers_any_case() -> None:
+    h = Headers({"x-tag": "a, b", "authorization": "Bearer t"})
+    assert h.get("X-TAG") == "a, b" and "AUTHORIZATION" in h and "authorization" in h
+    assert h.get("missing", "d") == "d" and 3 not in h
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""The proxy's HTTP/1.1 server on raw sockets: framing, limits, keep-alive, cancellation, shutdown."""
+"""The proxy's HTTP/1.1 server: requests parsed from bytes cut anywhere (on a fake transport, no socket),
+what it refuses and how, and on raw sockets framing, limits, keep-alive, cancellation, shutdown."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ import pytest
 
 from calroute import aio
 from calroute.proxy.http import server as server_mod
+from calroute.proxy.http.head import MAX_HEAD_BYTES
 from calroute.proxy.http.server import Request, Response, Server, Stream, json_response
 
+POST = b"POST /echo HTTP/1.1\r\n"
+GET = b"GET /echo HTTP/1.1\r\n"
 MAX_BODY = 1000
 TIMEOUT_S = 5.0
 
@@ -133,10 +137,11 @@ def post(path: str, body: bytes, extra: str = "") -> bytes:
 @pytest.mark.parametrize(
     ("raw", "status", "error"),
     [
-        # One of each kind of the head parser's refusals reaches the client (test_head.py lists them all).
+        # One of each kind of refusal reaches the client over a socket (the fake-transport table below
+        # has them all).
         (b"GARBAGE\r\n\r\n", 400, "malformed request line"),
         (b"GET /echo HTTP/2.0\r\n\r\n", 505, "unsupported version"),
-        (b"GET /echo HTTP/1.1\r\nHost : x\r\n\r\n", 400, "malformed header line"),
+        (b"GET /echo HTTP/1.1\r\nHost : x\r\n\r\n", 400, "malformed request head"),
         (b"POST /echo HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", 501, "Transfer-Encoding"),
         (b"POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400, "chunk size"),
         (b"GET /echo HTTP/1.1\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n", 431, "head larger"),
@@ -148,6 +153,11 @@ def post(path: str, body: bytes, extra: str = "") -> bytes:
             413,
             "larger than 1000 bytes",
         ),
+        (
+            b"GET /echo HTTP/1.1\nHost: x\n\n",
+            400,
+            "malformed request head",
+        ),  # bare LF: an answer, not silence
         (b"GET /nowhere HTTP/1.1\r\n\r\n", 404, "no route /nowhere"),
         (b"DELETE /echo HTTP/1.1\r\n\r\n", 405, "use GET, POST"),
         (b"GET /boom HTTP/1.1\r\n\r\n", 500, "internal error"),
@@ -277,3 +287,278 @@ def test_stop_lets_a_request_under_way_finish_then_closes(run: Runner) -> None:
             await asyncio.open_connection("127.0.0.1", port)
 
     run(test)
+
+
+# ---- requests parsed from bytes cut anywhere, on a fake transport ---------------------------------------
+
+
+class Wire:
+    """The client's end of a connection, without a socket: what the server wrote, and what it did."""
+
+    def __init__(self) -> None:
+        self.out = bytearray()
+        self.closing = self.eof = self.paused = False
+
+    def write(self, data: bytes) -> None:
+        self.out += data
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        self.eof = True
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
+Answer = tuple[int, dict[str, str], bytes]
+
+
+def answers(out: bytes) -> list[Answer]:
+    """The server's answers, each whole (a Content-Length body, or none for 100 Continue)."""
+    got: list[Answer] = []
+    while out:
+        head, _, out = out.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+        length = int(headers.get("content-length", "0"))
+        got.append((int(lines[0].split(" ")[1]), headers, out[:length]))
+        out = out[length:]
+    return got
+
+
+def cut(raw: bytes, how: str) -> list[bytes]:
+    if how == "whole":
+        return [raw]
+    if how == "bytes":
+        return [raw[i : i + 1] for i in range(len(raw))]
+    return [raw[i : i + 7] for i in range(0, len(raw), 7)]
+
+
+def serve(pieces: list[bytes]) -> tuple[list[Answer], list[Request], Wire]:
+    """Feed ``pieces`` to one connection, letting handlers run after each; the answers written, the
+    requests the handlers saw, the transport."""
+    seen: list[Request] = []
+
+    async def echo(request: Request) -> Response:
+        seen.append(request)
+        await asyncio.sleep(0)  # an answer under way while more arrives
+        return json_response({"body": request.body.decode()})
+
+    async def main() -> Wire:
+        srv = Server({("POST", "/echo"): echo, ("GET", "/echo"): echo}, MAX_BODY)
+        conn = server_mod._Connection(srv)
+        wire = Wire()
+        conn.connection_made(wire)  # type: ignore[arg-type]
+        for piece in pieces:
+            conn.data_received(piece)
+            for _ in range(5 if len(pieces) < 10 else 1):  # a client that waits for answers, unless cut fine
+                await asyncio.sleep(0)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        conn.connection_lost(None)
+        return wire
+
+    wire = asyncio.run(main())
+    return answers(bytes(wire.out)), seen, wire
+
+
+@pytest.mark.parametrize("how", ["whole", "bytes", "sevens"])
+@pytest.mark.parametrize(
+    ("raw", "method", "target", "http11", "keep_alive", "body"),
+    [
+        (b"GET /echo HTTP/1.1\r\n\r\n", "GET", "/echo", True, True, b""),
+        (b"GET /echo HTTP/1.1\r\nConnection: close\r\n\r\n", "GET", "/echo", True, False, b""),
+        (b"GET /echo HTTP/1.0\r\n\r\n", "GET", "/echo", False, False, b""),
+        (b"GET /echo HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n", "GET", "/echo", False, True, b""),
+        (b"\r\nGET /echo?a=1 HTTP/1.1\r\n\r\n", "GET", "/echo?a=1", True, True, b""),  # a stray CRLF first
+        (post("/echo", b"hello"), "POST", "/echo", True, True, b"hello"),
+        (
+            POST + b"Transfer-Encoding: Chunked\r\n\r\n3\r\nabc\r\n2;x=1\r\nde\r\n0\r\nT: 1\r\n\r\n",
+            "POST", "/echo", True, True, b"abcde",
+        ),
+        # An Upgrade the server does not take: served as a plain request.
+        (GET + b"Upgrade: h2c\r\nConnection: Upgrade\r\n\r\n", "GET", "/echo", True, True, b""),
+    ],
+)  # fmt: skip
+def test_reads_a_request_however_it_is_cut(
+    raw: bytes, method: str, target: str, http11: bool, keep_alive: bool, body: bytes, how: str
+) -> None:
+    got, seen, wire = serve(cut(raw, how))
+    [request] = seen
+    path, _, query = target.partition("?")
+    assert (request.method, request.path, request.query, request.body) == (method, path, query, body)
+    assert (request.http11, request.keep_alive) == (http11, keep_alive)
+    assert [status for status, _, _ in got] == [200]
+    assert wire.closing is not keep_alive
+
+
+def test_headers_any_case_repeats_joined_trailers_not_kept() -> None:
+    raw = (
+        b"POST /echo HTTP/1.1\r\nX-Tag: a\r\nx-tag: b  \r\nAuthorization: Bearer t\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n1\r\nz\r\n0\r\nX-Trailer: 1\r\n\r\n"
+    )
+    _, [request], _ = serve([raw])
+    assert request.headers.get("X-TAG") == "a, b" and "AUTHORIZATION" in request.headers
+    assert "x-trailer" not in request.headers and request.headers.get("missing", "d") == "d"
+
+
+@pytest.mark.parametrize("how", ["whole", "bytes"])
+@pytest.mark.parametrize(
+    ("raw", "status", "says"),
+    [
+        (b"GET /", 400, None),  # never finished: no answer until the connection ends
+        (b"GARBAGE\r\n\r\n", 400, "malformed request line"),
+        (b"G3T /echo HTTP/1.1\r\n\r\n", 400, "malformed request line"),
+        (b"FOO /echo HTTP/1.1\r\n\r\n", 400, "malformed request line"),  # a method llhttp does not know
+        (b"GET echo HTTP/1.1\r\n\r\n", 400, "malformed request line"),
+        (b"GET http://h/echo HTTP/1.1\r\n\r\n", 400, "is not a path"),
+        (b"OPTIONS * HTTP/1.1\r\n\r\n", 400, "is not a path"),
+        (b"GET /echo HTTP/2.0\r\n\r\n", 505, "unsupported version"),
+        (b"GET /echo HTTP/1.2\r\n\r\n", 505, "unsupported version"),
+        # Bare LF line endings, anywhere: refused, never left waiting for a CRLF.
+        (b"GET /echo HTTP/1.1\nHost: x\n\n", 400, "malformed request head"),
+        (b"GET /echo HTTP/1.1\r\nHost: x\n\r\n", 400, "malformed request head"),
+        (b"GET /echo HTTP/1.1\r\nHost: x\r\n\n", 400, "malformed request head"),
+        (b"GET /echo HTTP/1.1\r\nNoColon\r\n\r\n", 400, "malformed request head"),
+        (b"GET /echo HTTP/1.1\r\n Folded: x\r\n\r\n", 400, "malformed request head"),
+        (b"GET /echo HTTP/1.1\r\nX: a\r\n folded\r\n\r\n", 400, "malformed request head"),
+        (b"GET /echo HTTP/1.1\r\nBad Name: x\r\n\r\n", 400, "malformed request head"),
+        (b"GET /echo HTTP/1.1\r\nX: a\x01b\r\n\r\n", 400, "malformed request head"),  # a control byte
+        # Requests that could be read two ways (RFC 9112 6.3): refused, the connection closed.
+        (POST + b"Content-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n", 400, "Content-Length"),
+        (POST + b"Transfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n", 400, "Content-Length"),
+        (b"POST /echo HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd", 400, "Content-Length"),
+        # The same length twice: refused too (llhttp), where the old parser read one length.
+        (b"POST /echo HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\nabc", 400, "Content-Length"),
+        (b"POST /echo HTTP/1.1\r\nContent-Length: -1\r\n\r\n", 400, "Content-Length"),
+        (b"POST /echo HTTP/1.1\r\nContent-Length: 1x\r\n\r\n", 400, "Content-Length"),
+        (b"POST /echo HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", 501, "unsupported Transfer-Encoding"),
+        (POST + b"Transfer-Encoding: gzip, chunked\r\n\r\n", 501, "unsupported Transfer-Encoding"),
+        (b"POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400, "chunk size"),
+        (b"POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n-5\r\nhello\r\n", 400, "chunk size"),
+        (b"POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcXY", 400, "chunk"),
+        (b"POST /echo HTTP/1.1\r\nContent-Length: 1001\r\n\r\n", 413, "larger than 1000 bytes"),
+        (
+            POST + b"Transfer-Encoding: chunked\r\n\r\n" + (b"1f4\r\n" + b"y" * 500 + b"\r\n") * 3,
+            413, "larger than 1000 bytes",
+        ),
+        (POST + b"Upgrade: h2c\r\nConnection: Upgrade\r\nContent-Length: 2\r\n\r\nhi", 400, "Upgrade"),
+        (b"GET /echo HTTP/1.1\r\nX: " + b"a" * 8200 + b"\r\n\r\n", 431, "line longer than 8192"),
+        (b"GET /" + b"a" * 8200 + b" HTTP/1.1\r\n\r\n", 431, "line longer than 8192"),
+        (b"GET /echo HTTP/1.1\r\n" + b"X: 1234567890\r\n" * 5000 + b"\r\n", 431, "head larger"),
+    ],
+)  # fmt: skip
+def test_refuses_a_request_with_a_json_error_and_closes(
+    raw: bytes, status: int, says: str | None, how: str
+) -> None:
+    if how == "bytes" and len(raw) > 20_000:
+        pytest.skip("the whole table byte by byte is slow; test_the_head_limit_holds_however_it_is_cut cuts")
+    got, seen, wire = serve(cut(raw, how))
+    assert not seen
+    if says is None:
+        assert got == [] and not wire.closing
+        return
+    [(answered, headers, body)] = got
+    assert answered == status and headers["content-type"] == "application/json"
+    assert headers["connection"] == "close" and wire.eof  # closed after a linger, not at once
+    error = json.loads(body)["error"]
+    assert says in error["message"] and error["code"] == status
+
+
+@pytest.mark.parametrize("how", ["whole", "sevens", "4096s"])
+@pytest.mark.parametrize("size", [MAX_HEAD_BYTES - 2_000, MAX_HEAD_BYTES + 2_000])
+def test_the_head_limit_holds_however_it_is_cut(size: int, how: str) -> None:
+    line = b"X-Pad: " + b"p" * 90 + b"\r\n"
+    start = b"GET /echo HTTP/1.1\r\n"
+    raw = start + line * ((size - len(start) - 2) // len(line)) + b"\r\n"
+    step = 4096 if how == "4096s" else 7 if how == "sevens" else len(raw)
+    got, _, _ = serve([raw[i : i + step] for i in range(0, len(raw), step)])
+    assert [status for status, _, _ in got] == [200 if size < MAX_HEAD_BYTES else 431]
+
+
+def test_endless_trailers_are_refused() -> None:
+    raw = b"POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nz\r\n0\r\nX-Endless: "
+    got, seen, _ = serve([raw] + [b"t" * 10_000] * 8)
+    assert not seen and [status for status, _, _ in got] == [400]
+    assert "trailers longer than" in json.loads(got[0][2])["error"]["message"]
+
+
+def test_pipelined_requests_are_answered_in_order_and_a_refusal_in_its_turn() -> None:
+    raw = post("/echo", b"one") + b"GET /echo HTTP/1.1\r\n\r\n" + post("/echo", b"two") + b"BAD\r\n\r\n"
+    raw += post("/echo", b"never")
+    for pieces in (cut(raw, "whole"), cut(raw, "bytes")):
+        got, seen, wire = serve(pieces)
+        assert [status for status, _, _ in got] == [200, 200, 200, 400]
+        assert [json.loads(body).get("body") for _, _, body in got[:3]] == ["one", "", "two"]
+        assert [r.body for r in seen] == [b"one", b"", b"two"] and wire.eof
+
+
+def test_what_follows_a_last_request_is_dropped() -> None:
+    raw = b"GET /echo HTTP/1.1\r\nConnection: close\r\n\r\n" + post("/echo", b"late") + b"junk"
+    got, seen, wire = serve([raw])
+    assert [status for status, _, _ in got] == [200] and len(seen) == 1 and wire.closing
+
+
+def test_reading_pauses_while_a_whole_request_waits_for_its_turn() -> None:
+    async def main() -> list[bool]:
+        release = asyncio.Event()
+
+        async def slow(request: Request) -> Response:
+            await release.wait()
+            return json_response({})
+
+        conn = server_mod._Connection(Server({("GET", "/slow"): slow}, MAX_BODY))
+        wire = Wire()
+        conn.connection_made(wire)  # type: ignore[arg-type]
+        paused = []
+        conn.data_received(b"GET /slow HTTP/1.1\r\n\r\n")
+        await asyncio.sleep(0)
+        conn.data_received(b"GET /slow HTTP/1.1\r\n")  # half a request: reading goes on
+        paused.append(wire.paused)
+        conn.data_received(b"\r\n")  # a whole one: it waits, and so does reading
+        paused.append(wire.paused)
+        release.set()
+        for _ in range(10):
+            await asyncio.sleep(0)
+        paused.append(wire.paused)
+        conn.connection_lost(None)
+        return paused
+
+    assert asyncio.run(main()) == [False, True, False]
+
+
+@pytest.mark.parametrize(
+    ("pieces", "statuses"),
+    [
+        # Asked for, with the body not yet sent: 100 Continue, then the answer.
+        ([b"POST /echo HTTP/1.1\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n", b"body"], [100, 200]),
+        # The body came with the head: no 100.
+        ([b"POST /echo HTTP/1.1\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\nbody"], [200]),
+        # Refused from its Content-Length: the refusal, no 100.
+        ([b"POST /echo HTTP/1.1\r\nContent-Length: 4000\r\nExpect: 100-continue\r\n\r\n"], [413]),
+        # Behind a request still being answered: the 100 waits for that answer, then goes out.
+        (
+            [post("/echo", b"first") + POST + b"Content-Length: 2\r\nExpect: 100-continue\r\n\r\n", b"hi"],
+            [200, 100, 200],
+        ),
+        # HTTP/1.0 has no 100 Continue.
+        ([b"POST /echo HTTP/1.0\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n", b"hi"], [200]),
+    ],
+)  # fmt: skip
+def test_expect_continue(pieces: list[bytes], statuses: list[int]) -> None:
+    got, _, _ = serve(pieces)
+    assert [status for status, _, _ in got] == statuses

@@ -1,37 +1,79 @@
-"""What the relay reads in the SSE it forwards."""
+"""What the relay reads in the SSE it forwards, whatever the engine's JSON spacing."""
 
 from __future__ import annotations
+
+import json
+from typing import Any
 
 import pytest
 
 from calroute.proxy.http.sse import ABORT_ERROR, MAX_ERROR_BYTES, scan
 
-TOKEN = b'data: {"id":"c","choices":[{"index":0,"text":"hi"}]}\n\n'
-USAGE = b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":7}}\n\n'
+COMPACT = {"separators": (",", ":")}  # as vLLM writes
+SPACED: dict[str, Any] = {}  # as Python's json.dumps writes by default: ", " and ": "
+
+TEXT = {"id": "c", "choices": [{"index": 0, "text": "hi", "finish_reason": None}]}  # /v1/completions
+ROLE = {"id": "c", "choices": [{"index": 0, "delta": {"role": "assistant"}}]}  # /v1/chat/completions
+DELTA = {"id": "c", "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]}
+USAGE = {"id": "c", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 7}}
+BAD_USAGE = {"choices": [], "usage": {"completion_tokens": "x"}}
+ERROR = {"error": {"message": "boom", "code": 500}}
+ABORT = {"id": "c", "choices": [{"index": 0, "text": "x", "finish_reason": "abort"}]}
 DONE = b"data: [DONE]\n\n"
-ERROR = b'data: {"error":{"message":"boom","code":500}}\n\n'
-ABORT = b'data: {"id":"c","choices":[{"index":0,"text":"x","finish_reason":"abort"}]}\n\n'
 
 
+def event(value: dict[str, Any], spacing: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(value, **spacing).encode() + b"\n\n"
+
+
+@pytest.mark.parametrize("spacing", [COMPACT, SPACED], ids=["compact", "spaced"])
 @pytest.mark.parametrize(
-    ("events", "keep_usage", "sent", "content", "tokens", "error"),
+    ("values", "keep_usage", "sent", "content", "tokens", "error"),
     [
-        (TOKEN, False, TOKEN, True, None, None),
-        (TOKEN + USAGE + DONE, True, TOKEN + USAGE + DONE, True, 7, None),
-        (TOKEN + USAGE + DONE, False, TOKEN + DONE, True, 7, None),  # usage read, then dropped
-        (USAGE + DONE, False, DONE, False, 7, None),
-        (DONE, False, DONE, False, None, None),
-        (ERROR + DONE, False, ERROR + DONE, False, None, '{"error":{"message":"boom","code":500}}'),
-        (b'data: {"choices":[],"usage":{"completion_tokens":"x"}}\n\n', True, None, False, None, None),
-        (TOKEN + ABORT + DONE, False, None, True, None, ABORT_ERROR),  # vLLM's engine core died mid-stream
+        ([TEXT], False, [TEXT], True, None, None),
+        ([ROLE, DELTA], False, [ROLE, DELTA], True, None, None),
+        ([TEXT, USAGE, DONE], True, [TEXT, USAGE, DONE], True, 7, None),
+        ([TEXT, USAGE, DONE], False, [TEXT, DONE], True, 7, None),  # usage read, then dropped
+        ([DELTA, USAGE, DONE], False, [DELTA, DONE], True, 7, None),
+        ([USAGE, DONE], False, [DONE], False, 7, None),
+        ([DONE], False, [DONE], False, None, None),
+        ([ERROR, DONE], False, [ERROR, DONE], False, None, "error"),
+        ([BAD_USAGE], True, [BAD_USAGE], False, None, None),
+        ([TEXT, ABORT, DONE], False, [TEXT, ABORT, DONE], True, None, ABORT_ERROR),  # the engine core died
+        ([DELTA, ERROR, DONE], False, [DELTA, ERROR, DONE], True, None, "error"),
     ],
 )
 def test_scan(
-    events: bytes, keep_usage: bool, sent: bytes | None, content: bool, tokens: int | None, error: str | None
+    values: list[Any],
+    keep_usage: bool,
+    sent: list[Any],
+    content: bool,
+    tokens: int | None,
+    error: str | None,
+    spacing: dict[str, Any],
 ) -> None:
-    got = scan(events, keep_usage)
-    assert got.events == (events if sent is None else sent)
-    assert (got.content, got.output_tokens, got.error) == (content, tokens, error)
+    def wire(items: list[Any]) -> bytes:
+        return b"".join(v if isinstance(v, bytes) else event(v, spacing) for v in items)
+
+    got = scan(wire(values), keep_usage)
+    assert got.events == wire(sent)
+    assert (got.content, got.output_tokens) == (content, tokens)
+    if error == "error":  # the error event's JSON, as the engine wrote it
+        assert got.error == json.dumps(ERROR, **spacing)
+    else:
+        assert got.error == error
+
+
+@pytest.mark.parametrize(
+    "events",
+    [
+        b'data: {"id":"c","choices":[{"delta":{"content":"say \\"choices\\": [] and \\"error\\""}}]}\n\n',
+        b'data: {"model":"choices","choices":[{"text":"[]"}]}\n\n',
+    ],
+)
+def test_look_alikes_inside_strings_are_not_usage_or_errors(events: bytes) -> None:
+    got = scan(events, False)
+    assert (got.events, got.content, got.output_tokens, got.error) == (events, True, None, None)
 
 
 def test_a_long_error_is_cut() -> None:

@@ -1,12 +1,12 @@
 """The proxy's HTTP/1.1 client to its engines: requests over kept-alive connections, on asyncio protocols.
 
-Every client request costs the proxy two engine requests (the prefill, the decode stream). Through aiohttp's
-client those two were the largest part of the proxy's CPU per request (benchmarks/RESULTS.md); this writes
-a request in one call and reads the answer from the connection's own buffer. A decode stream can also be
-relayed from the event loop's data callback (EngineResponse.relay): through asyncio streams every SSE
-event woke a task and two async generators, the largest per-event cost left. Deliberately small: HTTP/1.1,
-Content-Length, chunked or close-delimited bodies (http1.py), no redirects, no compression (none is asked
-for), no proxies. The /metrics polls use it too (scrape.py).
+Every client request costs the proxy two engine requests (the prefill, the decode stream), so the client
+is small and close to the socket: a request is written in one call, and the answer is parsed by the
+connection's httptools parser as it arrives (connection.py). Its body is read piece by piece by a
+coroutine, or relayed from the event loop's data callback (EngineResponse.relay): a decode stream then
+wakes no task per SSE event. Deliberately small: HTTP/1.1, bodies by Content-Length, chunked or the
+connection's close, no redirects, no compression (none is asked for), no proxies. The /metrics polls use it
+too (scrape.py). benchmarks/RESULTS.md has what it saved over aiohttp's client.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from types import TracebackType
 from urllib.parse import urlsplit
 
 from calroute.proxy.http.connection import ClosedEarly, Connection, Silence
-from calroute.proxy.http.framing import BodyDecoder, FramingError, ResponseHead
+from calroute.proxy.http.framing import FramingError
 
 
 class UpstreamError(Exception):
@@ -36,28 +36,23 @@ def _broken(conn: Connection, fired: bool, timeout_s: float | None) -> Exception
 
 
 class EngineResponse:
-    """An engine's answer, read within ``async with``: leaving the block returns the connection to its
-    endpoint when the body was read to the end and the engine keeps it alive, and closes it otherwise.
+    """An engine's final answer (an interim 1xx is skipped), read within ``async with``: leaving the block
+    returns the connection to its endpoint when the body was read to the end and the engine keeps it
+    alive, and closes it otherwise. ``headers``: names lower-cased, as bytes.
 
     The body comes either piece by piece to a coroutine (next_part, parts, read) or, from some point on,
-    to a callback (relay). Both raise UpstreamError when the engine breaks off and TimeoutError when it
-    stays silent for longer than the read timeout."""
+    to a callback (relay). Both raise UpstreamError when the engine breaks off or misframes and
+    TimeoutError when it stays silent for longer than the read timeout."""
 
     def __init__(
-        self,
-        endpoint: Endpoint,
-        conn: Connection,
-        head: ResponseHead,
-        read_timeout_s: float | None,
-        watch: Silence | None = None,
+        self, endpoint: Endpoint, conn: Connection, read_timeout_s: float | None, watch: Silence | None = None
     ) -> None:
-        self.status = head.status
-        self.head = head
+        self.status = conn.status
+        self.headers = conn.headers
+        self.keep_alive = conn.keep_alive
         self._endpoint = endpoint
         self._conn: Connection | None = conn
         self._read_timeout_s = read_timeout_s
-        self._decoder = BodyDecoder(head)
-        self._pending: deque[bytes] = deque()
         self._complete = False
         self._watch = watch
         self._on_part: Callable[[bytes], bool] | None = None
@@ -71,12 +66,13 @@ class EngineResponse:
     ) -> None:
         if self._watch is not None:
             self._watch.cancel()
-        if self._conn is not None:
-            self._conn.relaying = None
-            if self._complete and self.head.keep_alive and exc_type is None:
-                self._endpoint.give_back(self._conn)
+        conn = self._conn
+        if conn is not None:
+            conn.relaying = None
+            if self._complete and self.keep_alive and not conn.extra and exc_type is None:
+                self._endpoint.give_back(conn)
             else:
-                self._conn.close()
+                conn.close()
             self._conn = None
 
     def _silence(self) -> Silence | None:
@@ -86,35 +82,40 @@ class EngineResponse:
         return self._watch
 
     def _ended_well(self) -> None:
-        self._complete = not self._decoder.rest
+        self._complete = True
         if self._watch is not None:
             self._watch.cancel()
+
+    def _outcome(self, conn: Connection) -> bool | Exception | None:
+        """How the body stands with nothing left to take: True (ended), an error, or None (more to come)."""
+        if conn.body_done:
+            return True
+        if conn.failure is not None:
+            return UpstreamError(str(conn.failure))
+        if conn.closed:
+            fired = self._watch is not None and self._watch.fired  # the watch cut even a close-delimited body
+            return True if conn.until_close and not fired else _broken(conn, fired, self._read_timeout_s)
+        return None
 
     async def next_part(self) -> bytes | None:
         """The body's next piece as it arrives; None after its end."""
         conn = self._conn
         assert conn is not None, "the response was closed"
-        while not self._pending:
-            if self._decoder.done:
+        parts = conn.parts
+        while not parts:
+            outcome = self._outcome(conn)
+            if outcome is True:
                 self._ended_well()
                 return None
+            if isinstance(outcome, Exception):
+                raise outcome
             watch = self._silence()
             if watch is not None:
                 watch.reading = watch.now()
-            data = await conn.read_some()
+            await conn.wait()
             if watch is not None:
                 watch.reading = None
-            if not data:
-                fired = watch is not None and watch.fired  # the watch cut it: even a close-delimited body
-                if not fired and self._decoder.end():
-                    self._ended_well()
-                    return None
-                raise _broken(conn, fired, self._read_timeout_s)
-            try:
-                self._pending.extend(self._decoder.feed(data))
-            except FramingError as e:
-                raise UpstreamError(str(e)) from e
-        return self._pending.popleft()
+        return parts.popleft()
 
     async def parts(self) -> AsyncIterator[bytes]:
         while (part := await self.next_part()) is not None:
@@ -126,27 +127,18 @@ class EngineResponse:
     # ---- the relay ------------------------------------------------------------------------------------
 
     def relay(self, on_part: Callable[[bytes], bool]) -> asyncio.Future[bool]:
-        """Hand the rest of the body to ``on_part`` from the event loop's data callback, each piece as it
-        arrives; ``on_part`` returns False to stop early. The future: True once the body has ended, False
-        when stopped (the connection is then dropped), or the error that broke it off."""
+        """Hand the rest of the body to ``on_part`` from the event loop's data callback, what each read
+        brings in one piece; ``on_part`` returns False to stop early. The future: True once the body has
+        ended, False when stopped (the connection is then dropped), or the error that broke it off."""
         conn = self._conn
         assert conn is not None, "the response was closed"
         self._on_part = on_part
         self._relay_done = conn.loop.create_future()
-        pending = list(self._pending)
-        self._pending.clear()
-        for part in pending:
-            if not self._deliver(part):
-                return self._relay_done
         conn.relaying = self
         watch = self._silence()
         if watch is not None:
             watch.reading = watch.now()
-        buffered = conn.take_buffered()
-        if buffered:
-            self.data_arrived(buffered)
-        elif self._decoder.done:
-            self._stop(True)
+        self.body_arrived()
         if conn.closed and conn.relaying is self:
             self.connection_ended()
         return self._relay_done
@@ -169,38 +161,34 @@ class EngineResponse:
         if self._watch is not None:
             self._watch.reading = self._watch.now()
 
-    def _deliver(self, part: bytes) -> bool:
-        assert self._on_part is not None
-        try:
-            keep_on = self._on_part(part)
-        except Exception as e:  # the consumer's own failure: hand it to the awaiting coroutine
-            self._stop(e)
-            return False
-        if not keep_on:
-            self._stop(False)
-        return keep_on
-
-    def data_arrived(self, data: bytes) -> None:
-        if self._watch is not None and self._watch.reading is not None:
-            self._watch.reading = self._watch.now()
-        try:
-            parts = self._decoder.feed(data)
-        except FramingError as e:
-            self._stop(UpstreamError(str(e)))
-            return
-        for part in parts:
-            if not self._deliver(part):
+    def body_arrived(self) -> None:
+        """The data callback, while relaying: what the read brought goes on in one piece."""
+        conn = self._conn
+        assert conn is not None and self._on_part is not None
+        watch = self._watch
+        if watch is not None and watch.reading is not None:
+            watch.reading = watch.now()
+        parts = conn.parts
+        if parts:
+            piece = parts.popleft() if len(parts) == 1 else b"".join(parts)
+            parts.clear()
+            try:
+                keep_on = self._on_part(piece)
+            except Exception as e:  # the consumer's own failure: hand it to the awaiting coroutine
+                self._stop(e)
                 return
-        if self._decoder.done:
+            if not keep_on:
+                self._stop(False)
+                return
+        if conn.body_done:
             self._stop(True)
+        elif conn.failure is not None:
+            self._stop(UpstreamError(str(conn.failure)))
 
     def connection_ended(self) -> None:
         assert self._conn is not None
-        fired = self._watch is not None and self._watch.fired
-        if not fired and self._decoder.end():
-            self._stop(True)
-        else:
-            self._stop(_broken(self._conn, fired, self._read_timeout_s))
+        outcome = self._outcome(self._conn)
+        self._stop(False if outcome is None else outcome)
 
     def _stop(self, outcome: bool | Exception) -> None:
         if self._conn is not None:
@@ -299,7 +287,7 @@ class Endpoint:
             except TimeoutError:
                 raise
             except ClosedEarly as e:
-                if e.partial:
+                if e.received:
                     raise UpstreamError(f"{type(e).__name__}: {e}") from e
             except ConnectionError:
                 pass
@@ -321,9 +309,10 @@ class Endpoint:
         try:
             if watch is not None:
                 watch.reading = watch.now()
+            conn.start()
             try:
                 await conn.send(data)
-                head = await conn.read_head()
+                await conn.read_head()
             except (ClosedEarly, ConnectionError):
                 if watch is not None and watch.fired:
                     raise TimeoutError(f"the engine was silent for {read_timeout_s:g} s") from None
@@ -335,4 +324,4 @@ class Endpoint:
                 watch.cancel()
             conn.close()
             raise
-        return EngineResponse(self, conn, head, read_timeout_s, watch)
+        return EngineResponse(self, conn, read_timeout_s, watch)

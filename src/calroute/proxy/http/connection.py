@@ -1,51 +1,81 @@
 """One connection from the proxy to an engine, as an asyncio Protocol, and the timer that bounds its silence.
 
-What arrives waits in the connection's buffer for the client's coroutine reads (upstream.py), or, while a
-response is being relayed, goes straight to that response from the event loop's data callback: for a decode
-stream, no task wakes per SSE event.
+Every read goes straight to the connection's httptools (llhttp) response parser, from the event loop's data
+callback: the answer's status and headers, its body pieces (Content-Length, chunked, or until the engine
+closes) and its end are known as the bytes arrive. The pieces wait in ``parts`` for the client's coroutine
+reads (client.py) or, while a response is being relayed, go on to it at once from the same callback: for a
+decode stream, no task wakes per SSE event. An interim 1xx answer is skipped; bytes after the answer's end
+mark the connection as not reusable.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from typing import Protocol, cast
 
-from calroute.proxy.http.framing import FramingError, ResponseHead
+import httptools
 
-MAX_HEAD_BYTES = 64 * 1024
+from calroute.proxy.http.framing import FramingError
+from calroute.proxy.http.head import HeadMeter, HeadTooLarge
 
 
 class RelayTarget(Protocol):
-    """What takes a connection's bytes from the data callback (upstream.Response, while relaying)."""
+    """What takes a connection's body pieces from the data callback (client.EngineResponse, relaying)."""
 
-    def data_arrived(self, data: bytes) -> None: ...
+    def body_arrived(self) -> None: ...  # after every read: the pieces in ``parts``, the end, a failure
 
     def connection_ended(self) -> None: ...
 
 
 class ClosedEarly(EOFError):
-    """The engine closed the connection before a whole response head came; ``partial``: what did."""
+    """The engine closed the connection before a whole response head came; ``received``: the bytes that
+    did."""
 
-    def __init__(self, partial: bytes) -> None:
-        super().__init__(f"the engine closed the connection after {len(partial)} bytes of the head")
-        self.partial = partial
+    def __init__(self, received: int) -> None:
+        super().__init__(f"the engine closed the connection after {received} bytes of the answer")
+        self.received = received
+
+
+class _Beyond(Exception):
+    """Bytes after the end of the answer (or with no request sent)."""
 
 
 class Connection(asyncio.Protocol):
-    """One connection to an engine. What arrives waits in a buffer for the coroutine reads, or, while a
-    response is being relayed, goes straight to it from the event loop's data callback."""
+    """One connection to an engine, one request at a time: ``start`` before each request is sent."""
 
     def __init__(self) -> None:
         # One look-up per connection: on Python 3.11 every asyncio.get_running_loop() is a getpid() system
         # call, and per request they added up to 4 % of the proxy's CPU.
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
-        self._buffer = bytearray()
         self.closed = False  # the engine's end: EOF, a reset, or our own close
         self.error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._writable: asyncio.Future[None] | None = None  # set while the socket is full
         self.relaying: RelayTarget | None = None
+        self._parser = httptools.HttpResponseParser(self)
+        self._meter = HeadMeter()
+        self._expecting = False  # a request went out and its final answer has not ended
+        self._interim = False  # the answer being read is a 1xx
+        self.extra = False  # bytes came that belong to no answer: the connection is not reused
+        self.failure: FramingError | None = None  # the bytes could not be read as an answer
+        # The answer being read.
+        self.received = 0
+        self.status = 0
+        self.headers: dict[bytes, bytes] = {}  # names lower-cased
+        self.keep_alive = False
+        self.until_close = False  # its body ends with the connection
+        self.head_done = False
+        self.body_done = False
+        self.parts: deque[bytes] = deque()  # body pieces not taken yet
+
+    def start(self) -> None:
+        """A request is about to go out: what arrives from now on is its answer."""
+        self._expecting = True
+        self.received, self.status, self.headers = 0, 0, {}
+        self.keep_alive = self.until_close = self.head_done = self.body_done = False
+        self.parts.clear()
 
     # ---- asyncio.Protocol -----------------------------------------------------------------------------
 
@@ -53,11 +83,31 @@ class Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
+        if self.failure is not None or self.extra:
+            return  # the connection is not read again
+        self.received += len(data)
+        try:
+            self._meter.read(data)
+            self._parser.feed_data(data)
+            self._meter.after(data)
+        except HeadTooLarge as e:
+            self.failure = FramingError(f"a response {e}")
+        except httptools.HttpParserCallbackError as e:
+            cause = e.__context__
+            if isinstance(cause, _Beyond):
+                self.extra = True
+            elif isinstance(cause, HeadTooLarge):
+                self.failure = FramingError(f"a response {cause}")
+            else:
+                raise
+        except httptools.HttpParserUpgrade:
+            self.failure = FramingError("the engine switched protocols")
+        except httptools.HttpParserError as e:
+            self.failure = FramingError(f"unreadable answer: {e}")
         if self.relaying is not None:
-            self.relaying.data_arrived(data)
-            return
-        self._buffer += data
-        self._wake()
+            self.relaying.body_arrived()
+        else:
+            self._wake()
 
     def eof_received(self) -> bool:
         self._ended(None)
@@ -75,6 +125,46 @@ class Connection(asyncio.Protocol):
             self._writable.set_result(None)
         self._writable = None
 
+    # ---- httptools' callbacks -------------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if not self._expecting:
+            raise _Beyond()
+        self._meter.begin()
+        self.headers = {}
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._meter.line(len(name) + len(value) + 4)
+        self.headers[name.lower()] = value.strip()
+
+    def on_headers_complete(self) -> None:
+        self._meter.end()
+        status = self._parser.get_status_code()
+        if status < 200:  # an interim answer (100 Continue, 103 Early Hints): the final one follows
+            self._interim = True
+            return
+        headers = self.headers
+        self.status = status
+        self.keep_alive = self._parser.should_keep_alive()
+        self.until_close = (
+            status != 204
+            and status != 304
+            and b"content-length" not in headers
+            and not headers.get(b"transfer-encoding", b"").lower().endswith(b"chunked")
+        )
+        self.head_done = True
+
+    def on_body(self, body: bytes) -> None:
+        self.parts.append(body)
+
+    def on_message_complete(self) -> None:
+        self._meter.done()
+        if self._interim:
+            self._interim = False
+            return
+        self._expecting = False
+        self.body_done = True
+
     # ---- for the client -------------------------------------------------------------------------------
 
     def _ended(self, exc: BaseException | None) -> None:
@@ -90,7 +180,8 @@ class Connection(asyncio.Protocol):
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
-    async def _wait(self) -> None:
+    async def wait(self) -> None:
+        """Until something arrives, or the connection ends."""
         self._waiter = self.loop.create_future()
         try:
             await self._waiter
@@ -105,34 +196,18 @@ class Connection(asyncio.Protocol):
         if self.closed and self.error is not None:
             raise ConnectionResetError(f"the engine closed the connection: {self.error}")
 
-    async def read_head(self) -> ResponseHead:
-        while True:
-            end = self._buffer.find(b"\r\n\r\n")
-            if end >= 0:
-                raw = bytes(self._buffer[: end + 4])
-                del self._buffer[: end + 4]
-                return ResponseHead(raw)
-            if len(self._buffer) > MAX_HEAD_BYTES:
-                raise FramingError(f"a response head larger than {MAX_HEAD_BYTES} bytes")
+    async def read_head(self) -> None:
+        """Until the final answer's head has come (``status``, ``headers``): FramingError if what came is
+        not one, ClosedEarly if the engine closed first."""
+        while not self.head_done:
+            if self.failure is not None:
+                raise self.failure
             if self.closed:
-                raise ClosedEarly(bytes(self._buffer))
-            await self._wait()
-
-    async def read_some(self) -> bytes:
-        """What has arrived (waiting for something if nothing has); b"" once the connection has ended."""
-        while not self._buffer:
-            if self.closed:
-                return b""
-            await self._wait()
-        return self.take_buffered()
-
-    def take_buffered(self) -> bytes:
-        data = bytes(self._buffer)
-        self._buffer.clear()
-        return data
+                raise ClosedEarly(self.received)
+            await self.wait()
 
     def reusable(self) -> bool:
-        return not self.closed and not self._buffer and self.transport is not None and not self.is_closing()
+        return not self.closed and not self.extra and self.failure is None and not self.is_closing()
 
     def is_closing(self) -> bool:
         return self.transport is None or self.transport.is_closing()

@@ -1,12 +1,20 @@
-"""A request head, parsed (what the proxy's server accepts and refuses), and a response's status line."""
+"""What the proxy's server and its engine client share about message heads: the size limits, a meter that
+enforces the head limit as bytes arrive, request headers, and a response's status line.
+
+httptools (llhttp) parses the heads but sets no size limit, and httptools keeps a header's name and value
+until the line is whole: the meter bounds that. It counts a head's bytes in time linear in the bytes that
+arrive. For a head that begins at the start of a read, the whole read while the head is not done; for one
+that begins after another message in the same read (pipelining, a 1xx answer), the lines the parser hands
+over; for a read that starts inside a head, the bytes up to the blank line that ends it (found by a scan of
+that read alone).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from calroute.proxy.http.framing import BODY_CHUNKED, BODY_LENGTH
-
-MAX_LINE_BYTES = 8 * 1024  # one line of a head, as aiohttp and nginx bound it
+MAX_HEAD_BYTES = 64 * 1024  # a whole head (request line or status line, headers)
+MAX_LINE_BYTES = 8 * 1024  # one line of a request head, as aiohttp and nginx bound it
 
 _REASONS = {
     100: "Continue", 200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
@@ -30,47 +38,70 @@ class Headers(dict[str, str]):
         return isinstance(name, str) and super().__contains__(name.lower())
 
 
-class RequestHead:
-    """A request head, parsed; ValueError (with the answer's status in ``args[1]``) if it is not one."""
+class HeadTooLarge(ValueError):
+    """A head grew past MAX_HEAD_BYTES."""
 
-    __slots__ = ("body", "expect_continue", "headers", "http11", "keep_alive", "length", "method", "target")
+    def __init__(self) -> None:
+        super().__init__(f"head larger than {MAX_HEAD_BYTES} bytes")
 
-    def __init__(self, raw: bytes, max_body_bytes: int) -> None:
-        lines = raw.decode("latin-1").split("\r\n")
-        if max(map(len, lines)) > MAX_LINE_BYTES:
-            raise ValueError(f"a request head line longer than {MAX_LINE_BYTES} bytes", 431)
-        parts = lines[0].split(" ")
-        if len(parts) != 3 or not parts[0].isalpha() or not parts[1].startswith("/"):
-            raise ValueError(f"malformed request line {lines[0][:80]!r}", 400)
-        self.method, self.target, version = parts
-        if version not in ("HTTP/1.1", "HTTP/1.0"):
-            raise ValueError(f"unsupported version {version[:20]!r}", 505)
-        self.http11 = version == "HTTP/1.1"
-        headers = Headers()
-        lengths: set[str] = set()
-        for line in lines[1:]:
-            name, colon, value = line.partition(":")
-            if not colon or not name or name != name.strip() or " " in name:
-                raise ValueError(f"malformed header line {line[:80]!r}", 400)
-            key, value = name.lower(), value.strip(" \t")
-            if key == "content-length":
-                lengths.add(value)
-            headers[key] = f"{headers[key]}, {value}" if key in headers else value
-        self.headers = headers
-        connection = headers.get("connection", "").lower()
-        self.keep_alive = "close" not in connection if self.http11 else "keep-alive" in connection
-        self.expect_continue = headers.get("expect", "").lower() == "100-continue"
-        coding = headers.get("transfer-encoding")
-        self.length = 0
-        if coding is not None:
-            if lengths:
-                raise ValueError("both Content-Length and Transfer-Encoding", 400)
-            if coding.lower() != "chunked":
-                raise ValueError(f"unsupported Transfer-Encoding {coding[:40]!r}", 501)
-            self.body = BODY_CHUNKED
+
+class HeadMeter:
+    """The size of the head being read, for one connection's parser. The owner calls ``read`` before it
+    feeds a read to the parser and ``after`` once the parser has taken it, and from the parser's callbacks
+    ``begin`` (a message begins), ``line`` (a line of its head, with its length), ``end`` (the head is
+    complete) and ``done`` (the message is complete). Each raises HeadTooLarge once the head is over the
+    limit."""
+
+    __slots__ = ("_between", "_counting", "_fresh", "_tail", "_whole", "inside", "size")
+
+    def __init__(self) -> None:
+        self.size = 0
+        self.inside = False  # between a message's beginning and the end of its head
+        self._between = True  # no message under way (before the first, after one is complete)
+        self._fresh = False  # the current read started between messages, and no message began in it yet
+        self._whole = False  # the head began at the start of the current read
+        self._counting = False  # the head began in the current read: its lines count
+        self._tail = b""  # the last bytes of the previous read, when it ended inside a head
+
+    def read(self, data: bytes) -> None:
+        self._fresh = self._between and not self.inside
+        if not self.inside:
+            return
+        self._counting = self._whole = False
+        tail = self._tail
+        end = (tail + data[:3]).find(b"\r\n\r\n") if tail else -1
+        if end >= 0:
+            self.size += end + 4 - len(tail)
         else:
-            if len(lengths) > 1 or any(not v.isdigit() for v in lengths):
-                raise ValueError(f"bad Content-Length {', '.join(lengths)[:40]!r}", 400)
-            self.body, self.length = BODY_LENGTH, int(lengths.pop()) if lengths else 0
-            if self.length > max_body_bytes:
-                raise ValueError(f"request body larger than {max_body_bytes} bytes", 413)
+            end = data.find(b"\r\n\r\n")
+            self.size += len(data) if end < 0 else end + 4
+        self._check()
+
+    def after(self, data: bytes) -> None:
+        if not self.inside:
+            return
+        if self._whole:
+            self.size = len(data)
+        self._tail = data[-3:]
+        self._counting = self._whole = False
+        self._check()
+
+    def begin(self) -> None:
+        self.size, self.inside, self._between = 0, True, False
+        self._whole, self._fresh, self._counting = self._fresh, False, True
+
+    def line(self, n: int) -> None:
+        if self._counting:
+            self.size += n
+            self._check()
+
+    def end(self) -> None:
+        self.inside = False
+        self._tail = b""
+
+    def done(self) -> None:
+        self._between = True
+
+    def _check(self) -> None:
+        if self.size > MAX_HEAD_BYTES:
+            raise HeadTooLarge()

@@ -1,7 +1,7 @@
 """The proxy's own polling of an engine: GET one URL again and again over a kept-alive connection.
 
 The router reads every engine's /metrics 20 times a second, so a poll must cost little: it goes through
-the proxy's own HTTP/1.1 client (upstream.py), on a connection of its own, apart from client traffic (a
+the proxy's own HTTP/1.1 client (client.py), on a connection of its own, apart from client traffic (a
 pool shared with a 20 Hz poll never lets the connections of a past burst expire).
 """
 

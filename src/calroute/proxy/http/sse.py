@@ -3,21 +3,33 @@
 The relay forwards whole network reads; this looks at the complete events of one read for the three
 things the router needs: whether a content event came (first and last token times), the usage event (the
 token count; dropped again when the client did not ask for usage) and an error event or an abort. A pure
-function over bytes: no parse of every event, no state.
+function over bytes, with no state and no parse of every event (only the usage event is parsed, once per
+stream, for its token count).
+
+Any JSON spacing reads alike: vLLM writes compact JSON (``"choices":[{``), an engine built on Python's json
+module writes ``"choices": [{``. Each thing is looked for first in its compact form, a substring test as
+cheap as it gets; a read whose content event is compact comes from a compact writer and needs nothing
+more. Otherwise a regular expression that allows spacing looks, where the key is present at all.
 """
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 from calroute.proxy.http import codec
 
-CONTENT = b'"choices":[{'
+_S = rb"[ \t]*"  # JSON's optional spacing, within one line (an SSE data line)
+CONTENT = b'"choices":[{'  # a choice: a token, or the role
 USAGE = b'"choices":[]'  # vLLM's usage-only chunk
 ERROR = b'data: {"error"'
 # vLLM ends a request whose engine core died (or that was aborted) with this finish reason and [DONE]: the
 # answer is cut short without an error event. The proxy never aborts a request it is still relaying.
 ABORT = b'"finish_reason":"abort"'
+_CONTENT = re.compile(rb'"choices"' + _S + rb":" + _S + rb"\[" + _S + rb"\{")
+_USAGE = re.compile(rb'"choices"' + _S + rb":" + _S + rb"\[" + _S + rb"\]")
+_ERROR = re.compile(rb"^data:" + _S + rb"\{" + _S + rb'"error"' + _S + rb":", re.MULTILINE)
+_ABORT = re.compile(rb'"finish_reason"' + _S + rb":" + _S + rb'"abort"')
 ABORT_ERROR = "the decode engine aborted the request (finish_reason abort)"
 MAX_ERROR_BYTES = 300
 
@@ -29,24 +41,37 @@ class Scan(NamedTuple):
     error: str | None  # an error event's JSON, cut to MAX_ERROR_BYTES
 
 
+def _find(events: bytes, compact: bytes, spaced: re.Pattern[bytes], key: bytes) -> int:
+    """Where ``compact`` or its spaced form starts; -1."""
+    at = events.find(compact)
+    if at >= 0 or key not in events:
+        return at
+    found = spaced.search(events)
+    return -1 if found is None else found.start()
+
+
 def scan(events: bytes, keep_usage: bool) -> Scan:
     """``events``: complete SSE events (ending with a blank line)."""
+    # The common read, a compact writer's token: substring tests alone, no call.
+    compact = content = CONTENT in events
+    if not compact:
+        content = _find(events, CONTENT, _CONTENT, b'"choices"') >= 0
     output_tokens = None
-    usage_at = events.find(USAGE)
+    usage_at = events.find(USAGE) if compact else _find(events, USAGE, _USAGE, b'"choices"')
     if usage_at >= 0:
-        start = events.rfind(b"data: ", 0, usage_at)
+        start = events.rfind(b"data:", 0, usage_at)
         end = events.find(b"\n\n", usage_at) + 2
         try:
-            output_tokens = int(codec.loads(events[start + 6 : end])["usage"]["completion_tokens"])
+            output_tokens = int(codec.loads(events[start + 5 : end])["usage"]["completion_tokens"])
         except (ValueError, KeyError, TypeError):
             pass
         if not keep_usage:
             events = events[:start] + events[end:]
     error = None
-    error_at = events.find(ERROR)
+    error_at = events.find(ERROR) if compact else _find(events, ERROR, _ERROR, b'"error"')
     if error_at >= 0:
-        cut = events[error_at + 6 : error_at + 6 + MAX_ERROR_BYTES]
-        error = cut.split(b"\n", 1)[0].decode(errors="replace")
-    elif ABORT in events:
+        start = events.find(b"{", error_at)
+        error = events[start : start + MAX_ERROR_BYTES].split(b"\n", 1)[0].decode(errors="replace")
+    elif (ABORT in events) if compact else _find(events, ABORT, _ABORT, b'"abort"') >= 0:
         error = ABORT_ERROR
-    return Scan(events, CONTENT in events, output_tokens, error)
+    return Scan(events, content, output_tokens, error)
