@@ -1,11 +1,17 @@
-"""The proxy's JSON error answers (OpenAI's shape, written by the server's ``json_error``) and the two ways
-a relay can end early."""
+"""The proxy's error answers (OpenAI's shape, written by the server's ``error_body``): whole, or as the last
+event of a stream whose head has gone out; and the two ways a relay can end early."""
 
 from __future__ import annotations
 
-from calroute.proxy.http.server import json_error
+from calroute.proxy.http.server import error_body, json_error
 
-__all__ = ["ClientGone", "EngineFailed", "json_error"]
+__all__ = ["ClientGone", "EngineFailed", "error_event", "json_error"]
+
+
+def error_event(status: int, message: str, kind: str) -> bytes:
+    """The end of a stream that failed after its head went out: an error event, then [DONE], as vLLM ends
+    a stream it aborts."""
+    return b"data: " + error_body(status, message, kind) + b"\n\ndata: [DONE]\n\n"
 
 
 class EngineFailed(Exception):

@@ -11,7 +11,6 @@ to the client and never count against the engine. Every admitted request ends in
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -21,7 +20,7 @@ from calroute.engines import handoff
 from calroute.errors import NoCandidateError
 from calroute.proxy.config import SLOW_STEPS_PER_TOKEN, ProxyConfig
 from calroute.proxy.engine_client import EngineAnswer, EngineClient, UpstreamError
-from calroute.proxy.errors import ClientGone, EngineFailed, json_error
+from calroute.proxy.errors import ClientGone, EngineFailed, error_event, json_error
 from calroute.proxy.flight import Flight, Invalid, board
 from calroute.proxy.http import codec
 from calroute.proxy.http.server import Request, Response, Stream
@@ -131,9 +130,8 @@ class Generation:
             return json_error(status, message, kind)
         if payload is not None:
             message = payload[:500].decode(errors="replace")
-        event = {"error": {"message": message, "type": kind, "param": None, "code": status}}
         try:
-            await f.stream.write(f"data: {json.dumps(event)}\n\ndata: [DONE]\n\n".encode())
+            await f.stream.write(error_event(status, message, kind))
             await f.stream.write_eof()
         except ConnectionError:
             pass  # the client left: the record stands
@@ -264,8 +262,7 @@ class Generation:
                 self.signals.mark_failed(f.decode_id or "", error)
                 self.metrics.engine_errors.labels(f.decode_id or "").inc()
                 relay.error = error
-                body = {"error": {"message": error, "type": "BadGateway", "param": None, "code": 502}}
-                relay.pending += f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode()
+                relay.pending += error_event(502, error, "BadGateway")
             finally:
                 relay.detach()
             if relay.client_gone:

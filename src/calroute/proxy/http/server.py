@@ -55,8 +55,12 @@ def json_error(
     status: int, message: str, kind: str = "BadRequestError", param: str | None = None
 ) -> Response:
     """An error answer in OpenAI's shape, as vLLM answers."""
-    error = {"error": {"message": message, "type": kind, "param": param, "code": status}}
-    return Response(json.dumps(error).encode(), status)
+    return Response(error_body(status, message, kind, param), status)
+
+
+def error_body(status: int, message: str, kind: str = "BadRequestError", param: str | None = None) -> bytes:
+    """OpenAI's error object, the one place the proxy writes it (answers and stream error events)."""
+    return json.dumps({"error": {"message": message, "type": kind, "param": param, "code": status}}).encode()
 
 
 class Request:
