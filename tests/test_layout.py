@@ -202,3 +202,10 @@ def test_boundary(rule: str) -> None:
     forbidden = BOUNDARIES[rule]
     crossing = [str(i) for i in IMPORTS if forbidden(part(i.module), part(i.target))]
     assert not crossing, f"{rule}:\n" + "\n".join(crossing)
+
+
+def test_every_folder_is_a_package() -> None:
+    # setuptools' package discovery (pyproject: packages.find) skips a folder without __init__.py, so a
+    # namespace package would import from a checkout and be missing from an install or the compiled build.
+    folders = {p.parent for p in SRC.rglob("*.py")}
+    assert sorted(str(f.relative_to(SRC)) for f in folders if not (f / "__init__.py").exists()) == []

@@ -3,6 +3,7 @@ event of a stream whose head has gone out; and the two ways a relay can end earl
 
 from __future__ import annotations
 
+from calroute.errors import CalrouteError
 from calroute.proxy.http.server import error_body, json_error
 
 __all__ = ["ClientGone", "EngineFailed", "error_event", "json_error"]
@@ -14,7 +15,7 @@ def error_event(status: int, message: str, kind: str) -> bytes:
     return b"data: " + error_body(status, message, kind) + b"\n\ndata: [DONE]\n\n"
 
 
-class EngineFailed(Exception):
+class EngineFailed(CalrouteError):
     """An engine failed (connection, 5xx, timeout) before any output reached the client: retry."""
 
     def __init__(self, engine_id: str, phase: str, reason: str) -> None:
@@ -23,7 +24,7 @@ class EngineFailed(Exception):
         self.phase = phase
 
 
-class ClientGone(ConnectionResetError):
+class ClientGone(CalrouteError, ConnectionResetError):
     """The client went away mid-stream: its record is written and the engine is not at fault. A
     ConnectionResetError, which the server (server.py) takes as a closed connection and leaves quiet; not
     an UpstreamError, so no engine-failure path catches it."""

@@ -19,11 +19,12 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from types import TracebackType
 from urllib.parse import urlsplit
 
+from calroute.errors import CalrouteError
 from calroute.proxy.http.connection import ClosedEarly, Connection, Silence
 from calroute.proxy.http.framing import FramingError
 
 
-class UpstreamError(Exception):
+class UpstreamError(CalrouteError):
     """The engine could not be reached, broke the exchange off, or answered with HTTP we do not read."""
 
 

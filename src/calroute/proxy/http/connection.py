@@ -16,6 +16,7 @@ from typing import Protocol, cast
 
 import httptools
 
+from calroute.errors import CalrouteError
 from calroute.proxy.http.framing import FramingError
 from calroute.proxy.http.head import HeadMeter, HeadTooLarge
 
@@ -28,7 +29,7 @@ class RelayTarget(Protocol):
     def connection_ended(self) -> None: ...
 
 
-class ClosedEarly(EOFError):
+class ClosedEarly(CalrouteError, EOFError):
     """The engine closed the connection before a whole response head came; ``received``: the bytes that
     did."""
 
@@ -37,7 +38,7 @@ class ClosedEarly(EOFError):
         self.received = received
 
 
-class _Beyond(Exception):
+class _Beyond(CalrouteError):
     """Bytes after the end of the answer (or with no request sent)."""
 
 

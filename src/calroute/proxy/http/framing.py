@@ -7,10 +7,12 @@ writes to the client's transport from the engine connection's data callback (rel
 
 from __future__ import annotations
 
+from calroute.errors import CalrouteError
+
 LAST_CHUNK = b"0\r\n\r\n"
 
 
-class FramingError(ValueError):
+class FramingError(CalrouteError, ValueError):
     """The bytes are not HTTP/1.1 framing that the proxy reads."""
 
 

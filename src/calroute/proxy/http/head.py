@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from calroute.errors import CalrouteError
+
 MAX_HEAD_BYTES = 64 * 1024  # a whole head (request line or status line, headers)
 MAX_LINE_BYTES = 8 * 1024  # one line of a request head, as aiohttp and nginx bound it
 
@@ -38,7 +40,7 @@ class Headers(dict[str, str]):
         return isinstance(name, str) and super().__contains__(name.lower())
 
 
-class HeadTooLarge(ValueError):
+class HeadTooLarge(CalrouteError, ValueError):
     """A head grew past MAX_HEAD_BYTES."""
 
     def __init__(self) -> None:

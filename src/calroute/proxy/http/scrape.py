@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
+from calroute.errors import CalrouteError
 from calroute.proxy.config import ENGINE_KEEPALIVE_S
 from calroute.proxy.http.client import Endpoint, UpstreamError
 
 
-class ScrapeError(Exception):
+class ScrapeError(CalrouteError):
     """The engine could not be reached, or its answer was not HTTP we understand (a timeout included)."""
 
 

@@ -37,6 +37,7 @@ from typing import Any, cast
 
 import httptools
 
+from calroute.errors import CalrouteError
 from calroute.proxy.http.framing import LAST_CHUNK, chunk
 from calroute.proxy.http.head import MAX_LINE_BYTES, Headers, HeadMeter, HeadTooLarge, status_line
 
@@ -150,7 +151,7 @@ class Stream:
 Handler = Callable[[Request], Awaitable[Response | Stream]]
 
 
-class _Refusal(Exception):
+class _Refusal(CalrouteError):
     """A request the server answers with an error, after which it reads nothing more on the connection."""
 
     def __init__(self, status: int, message: str) -> None:

@@ -1,0 +1,1 @@
+"""The router the simulator and the proxy share: predictor, policy, ledger, decision log, build."""
