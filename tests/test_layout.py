@@ -24,7 +24,7 @@ ROOT_MODULES = {
     "errors": "the exceptions every part raises",
     # the uvloop runner the three event-loop servers share (the proxy, the engine emulator, the load
     # generator): below all three of them, so at the root
-    "aio": "the shared uvloop runner",
+    "aio": "the shared uvloop runner (and running until SIGINT or SIGTERM)",
 }
 
 # Lowest first. A part imports only parts of lower layers (and itself): parts of one layer are independent.

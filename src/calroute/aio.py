@@ -4,7 +4,8 @@ uvloop's loop roughly halves their per-request overhead (benchmarks/RESULTS.md).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+import signal
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import uvloop
@@ -19,3 +20,20 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
+
+
+def run_until_signalled(
+    start: Callable[[], Awaitable[int]], stop: Callable[[], Awaitable[None]], on_ready: Callable[[int], None]
+) -> None:
+    """Run ``start`` on a uvloop loop, call ``on_ready`` with its port, and ``stop`` on SIGINT or SIGTERM."""
+
+    async def main() -> None:
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stopping.set)
+        on_ready(await start())
+        await stopping.wait()
+        await stop()
+
+    run(main())

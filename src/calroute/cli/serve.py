@@ -95,7 +95,7 @@ def serve(
                 engine_api_key=os.environ.get("CALROUTE_ENGINE_API_KEY") or None,
             )
         )
-    from calroute.proxy.http.server import run_until_signalled
+    from calroute.aio import run_until_signalled
 
     # A full garbage collection walks every object the process holds: 15 - 18 ms once the proxy's libraries
     # are loaded, a pause added to the TTFT of every request in flight. What exists now (modules, the app)

@@ -13,7 +13,7 @@ from calroute.errors import ConfigError
 from calroute.proxy.config import ProxyConfig
 from calroute.proxy.errors import json_error
 from calroute.proxy.http import codec
-from calroute.proxy.http.server import Request, Response, json_response
+from calroute.proxy.http.messages import Request, Response, json_response
 from calroute.proxy.prompt_length import PromptLength
 from calroute.routing.ledger import Ledger
 from calroute.routing.router import Router

@@ -19,7 +19,8 @@ from calroute.proxy.config import ENGINE_KEEPALIVE_S, ProxyConfig
 from calroute.proxy.engine_client import EngineClient
 from calroute.proxy.generate import Generation
 from calroute.proxy.http.client import Endpoint
-from calroute.proxy.http.server import Request, Response, Server, json_response
+from calroute.proxy.http.messages import Request, Response, json_response
+from calroute.proxy.http.server import Server
 from calroute.proxy.looplag import LoopLag
 from calroute.proxy.metrics import ProxyMetrics
 from calroute.proxy.prompt_length import PromptLength

@@ -4,7 +4,7 @@ event of a stream whose head has gone out; and the two ways a relay can end earl
 from __future__ import annotations
 
 from calroute.errors import CalrouteError
-from calroute.proxy.http.server import error_body, json_error
+from calroute.proxy.http.messages import error_body, json_error
 
 __all__ = ["ClientGone", "EngineFailed", "error_event", "json_error"]
 

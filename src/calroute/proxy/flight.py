@@ -16,7 +16,7 @@ from calroute.types import RequestStatus, SloClass
 
 if TYPE_CHECKING:
     from calroute.proxy.config import ProxyConfig
-    from calroute.proxy.http.server import Request, Stream
+    from calroute.proxy.http.messages import Request, Stream
     from calroute.proxy.prompt_length import PromptLength
 
 # The only client headers that reach an engine (trace context); everything else is dropped, credentials

@@ -23,7 +23,7 @@ from calroute.proxy.engine_client import EngineAnswer, EngineClient, UpstreamErr
 from calroute.proxy.errors import ClientGone, EngineFailed, error_event, json_error
 from calroute.proxy.flight import Flight, Invalid, board
 from calroute.proxy.http import codec
-from calroute.proxy.http.server import Request, Response, Stream
+from calroute.proxy.http.messages import Request, Response, Stream
 from calroute.proxy.metrics import ProxyMetrics
 from calroute.proxy.prompt_length import PromptLength
 from calroute.proxy.relay import StreamRelay

@@ -13,7 +13,8 @@ import pytest
 from calroute import aio
 from calroute.proxy.http import server as server_mod
 from calroute.proxy.http.head import MAX_HEAD_BYTES
-from calroute.proxy.http.server import Request, Response, Server, Stream, json_response
+from calroute.proxy.http.messages import Request, Response, Stream, json_response
+from calroute.proxy.http.server import Server
 
 POST = b"POST /echo HTTP/1.1\r\n"
 GET = b"GET /echo HTTP/1.1\r\n"
