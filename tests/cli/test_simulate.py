@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -360,5 +361,42 @@ def test_serve_poll_interval_reaches_the_proxy_or_is_refused(
     assert exit_code == code, stderr
     if code == 0:
         assert seen == [want]
+    else:
+        assert seen == [] and str(want) in stderr
+
+
+@pytest.mark.parametrize(
+    ("timeout", "code", "want"),
+    [("10", 0, 10.0), (None, 0, 60.0), ("0", 2, "--stall-timeout"), ("-1", 2, "--stall-timeout")],
+)
+def test_serve_stall_timeout_reaches_the_proxy_or_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timeout: str | None, code: int, want: float | str
+) -> None:
+    from tests.conftest import unreachable_cluster
+
+    cluster = tmp_path / "cluster.yaml"
+    unreachable_cluster(1, 1).save(cluster)
+    seen: list[float] = []
+
+    class FakeProxy:
+        def __init__(self, cfg: ProxyConfig) -> None:
+            seen.append(cfg.stall_timeout_s)
+
+        async def start(self, host: str, port: int) -> int:
+            return port
+
+        async def stop(self) -> None:
+            pass
+
+    monkeypatch.setattr("calroute.proxy.app.Proxy", FakeProxy)
+    monkeypatch.setattr("calroute.proxy.http.server.run_until_signalled", lambda *a, **kw: None)
+    argv = ["serve", "--cluster", str(cluster)] + ([] if timeout is None else ["--stall-timeout", timeout])
+    exit_code, _, stderr = invoke(*argv)
+    assert exit_code == code, stderr
+    if code == 0:
+        assert seen == [want]
+        if timeout is None:  # serve's default is the proxy's own
+            (default,) = (f.default for f in dataclasses.fields(ProxyConfig) if f.name == "stall_timeout_s")
+            assert want == default
     else:
         assert seen == [] and str(want) in stderr
