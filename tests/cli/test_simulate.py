@@ -17,8 +17,10 @@ import pytest
 from typer.testing import CliRunner
 
 from calroute.cli.app import app
+from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile
 from calroute.engines.cluster import ClusterFile
 from calroute.engines.procs import process_group_alive, stop_process_group
+from calroute.experiments import get_experiment
 from calroute.proxy.config import ProxyConfig
 from calroute.results.records import read_records
 
@@ -293,6 +295,13 @@ def test_sigterm_stops_every_process_a_live_experiment_started(tmp_path: Path, s
     also when started in the background by a script, which ignores SIGINT in it."""
     out = tmp_path / "exp"
     log = tmp_path / "experiment.log"
+    # The calibration an earlier, interrupted run of this experiment left (experiments resume with it): the
+    # job reaches its first proxy without the ~20 s calibration sweep, and is stopped with the same processes
+    # running (itself, the engines and a proxy).
+    (cell,) = get_experiment("mixed-bursty").cells(quick=True)
+    shape_dir = out / "emulated" / "_clusters" / f"{cell.prefill}P{cell.decode}D"
+    shape_dir.mkdir(parents=True)
+    get_profile(DEFAULT_PROFILE).calibration.save(shape_dir / "calibration.json")
     argv = [sys.executable, "-m", "calroute", "experiment", "mixed-bursty", "--backend", "emulated"]
     argv += ["--quick", "--requests", "200", "--saturation", "sim", "--out", str(out)]
     with log.open("wb") as f:
