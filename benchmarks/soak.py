@@ -10,7 +10,12 @@ memory at the start, every tenth of the run and at the end, its TCP sockets by s
 per engine, if it expired while idle; a leak: one or two per request).
 Exit status 1 when anything is lost.
 The default rate, 10 req/s of mixed-bursty traffic, is about round-robin's saturation point on 2P+4D.
-Usage: python benchmarks/soak.py [--duration-s 600] [--rate 10] [--fault-every-s 30] [--json]
+--time-scale S < 1 runs the same soak S times faster: the engines' modelled durations, the gaps between
+arrivals and the fault timings are all multiplied by S, so the same requests meet the same load relative to
+the engines and the same faults in S times the wall time (durations and rates are given at time scale 1).
+A request sent to a stalled engine waits out the proxy's stall timeout (--stall-timeout-s, 60 s by default)
+and is then retried on another engine.
+Usage: python benchmarks/soak.py [--duration-s 600] [--rate 10] [--fault-every-s 30] [--time-scale 1] [--json]
 """
 
 from __future__ import annotations
@@ -170,13 +175,28 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=10.0, help="requests/s (mixed-bursty mean rate)")
     ap.add_argument("--fault-every-s", type=float, default=30.0)
     ap.add_argument("--fault-lasts-s", type=float, default=10.0)
+    ap.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="multiply engine durations, arrival gaps and fault timings: the same soak, faster",
+    )
+    ap.add_argument(
+        "--stall-timeout-s",
+        type=float,
+        default=60.0,
+        help="the proxy's stall timeout (calroute serve --stall-timeout), which stalled requests wait out",
+    )
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--workdir", type=Path, help="keep engine and proxy logs here (default: a temporary dir)")
     args = ap.parse_args()
+    scale = args.time_scale
+    if not scale > 0:
+        ap.error(f"--time-scale must be > 0, got {scale}")
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = args.workdir or Path(tmp_name)
         tmp.mkdir(parents=True, exist_ok=True)
-        launched = up_emulated(2, 4, tmp / "engines", process_per_engine=True)
+        launched = up_emulated(2, 4, tmp / "engines", process_per_engine=True, time_scale=scale)
         cluster = launched.file
         cluster_path = tmp / "cluster.yaml"
         cluster.save(cluster_path)
@@ -188,6 +208,8 @@ def main() -> None:
                 "calroute",
                 "engines",
                 "emulate",
+                "--time-scale",
+                str(scale),
                 "--engine",
                 f"{e.role.value}:{e.url.rsplit(':', 1)[1]}",
             ]
@@ -207,23 +229,33 @@ def main() -> None:
                 str(port),
                 "--log",
                 str(log),
+                "--stall-timeout",
+                repr(args.stall_timeout_s),
             ],
             None,
             tmp / "proxy.log",
         )
         stop = threading.Event()
         schedule = FaultSchedule(
-            cluster, launched.procs, argv_of, tmp, args.fault_every_s, args.fault_lasts_s, stop
+            cluster,
+            launched.procs,
+            argv_of,
+            tmp,
+            args.fault_every_s * scale,
+            args.fault_lasts_s * scale,
+            stop,
         )
         try:
             wait_http_ready(f"http://127.0.0.1:{port}/health", 30, proc=proxy)
             rss_start = _rss_kb(proxy.pid)
             n = int(args.rate * args.duration_s * 1.1) + 10
             reqs = [
-                r for r in generate_family("mixed-bursty", args.rate, n, 0) if r.arrival_s < args.duration_s
+                r._replace(arrival_s=r.arrival_s * scale)
+                for r in generate_family("mixed-bursty", args.rate, n, 0)
+                if r.arrival_s < args.duration_s
             ]
             schedule.start()
-            rss = RssSampler(proxy.pid, max(5.0, args.duration_s / 10), stop)
+            rss = RssSampler(proxy.pid, max(5.0, scale * args.duration_s / 10), stop)
             rss.start()
             result = aio.run(drive(f"http://127.0.0.1:{port}", reqs, cluster.model, timeout_s=120.0))
             stop.set()
@@ -251,6 +283,8 @@ def main() -> None:
             "duration_s": args.duration_s,
             "rate_rps": args.rate,
             "fault_every_s": args.fault_every_s,
+            "time_scale": scale,
+            "stall_timeout_s": args.stall_timeout_s,
             "offered": offered,
             "client_records": dict(client),
             "proxy_records": len(logged),

@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from calroute.costmodel.calibration import Calibration
 from calroute.costmodel.profiles import HardwareProfile, get_profile
+from calroute.engines import launch, vllm
 from calroute.engines.cluster import ClusterFile
 from calroute.types import Admission, ClusterView, InstanceState, Role, SloClass
+
+REPO = Path(__file__).resolve().parents[1]
+
+# The tests on real vLLM engines share one 1P+1D cluster (`real_vllm_cluster`): each start-up costs 25-40 s
+# on the 2-core CI machine. Idle vLLM CPU engines keep about a core busy, which would skew every timing test
+# run beside them, so the tests that use it run last, in this order of their files: the compatibility suite
+# (it checks the prefill engine's KV usage drains to 0), the calibration, then the proxy's tests, whose last
+# one kills the decode engine. Within a file the order is unchanged. A test marks itself with `real_vllm`
+# (or requests the fixture).
+REAL_VLLM_ORDER = ("tests/engines/", "tests/calibrate/", "tests/proxy/")
 
 
 def make_state(instance_id: str = "decode-0", role: Role = Role.DECODE, **kw: Any) -> InstanceState:
@@ -75,3 +88,31 @@ def unreachable_cluster(prefill: int, decode: int) -> ClusterFile:
             ],
         }
     )
+
+
+@pytest.fixture(scope="session")
+def real_vllm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFile]:
+    """1 prefill + 1 decode real vLLM engines with NIXL, shared by every test on real vLLM (they run last)."""
+    venv, model = vllm.default_vllm_paths(REPO)
+    if not vllm.vllm_available(venv, model):
+        pytest.fail("real vLLM is not installed: run `make vllm` (make test does it)")
+    launched = launch.up_vllm(1, 1, tmp_path_factory.mktemp("real-vllm"), repo_root=REPO)
+    try:
+        yield launched.file
+    finally:
+        launched.stop()
+
+
+def _real_vllm_rank(item: pytest.Item) -> int:
+    """-1 for a test off the shared real-vLLM cluster, else its file's place in REAL_VLLM_ORDER."""
+    if item.get_closest_marker("real_vllm") is None and "real_vllm_cluster" not in getattr(
+        item, "fixturenames", ()
+    ):
+        return -1
+    return next((i for i, d in enumerate(REAL_VLLM_ORDER) if item.nodeid.startswith(d)), len(REAL_VLLM_ORDER))
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own grouping of items by their fixtures' parameters
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests on the shared real-vLLM cluster go last (see REAL_VLLM_ORDER); the others keep their order."""
+    items.sort(key=lambda item: (_real_vllm_rank(item) >= 0, _real_vllm_rank(item)))

@@ -21,7 +21,7 @@ import math
 import secrets
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +40,9 @@ from calroute.costmodel.calibration import (
     DecodeCurve,
 )
 from calroute.costmodel.profiles import get_profile
-from calroute.engines import launch, vllm
+from calroute.engines import launch
 from calroute.engines.cluster import ClusterFile
 
-REPO = Path(__file__).resolve().parents[2]
 PROFILE = get_profile("a40-qwen2.5-3b").calibration
 TOLERANCE = 0.10
 # per_seq_s and per_ctx_token_s are a few percent of a step each, and per_seq_s also carries the emulator's
@@ -59,18 +58,6 @@ OVERHEAD_PROMPT_TOKENS = 32
 # twice in a row, by +10 and +20 % on tau_dec_s, and passed when run again a minute later).
 ATTEMPTS = 3
 MIN_PREFILL_R2_HELD_OUT = 0.99
-
-
-@pytest.fixture
-def vllm_cluster(tmp_path: Path) -> Iterator[ClusterFile]:
-    venv, model = vllm.default_vllm_paths(REPO)
-    if not vllm.vllm_available(venv, model):
-        pytest.fail("real vLLM is not installed: run `make vllm` (make test does it)")
-    launched = launch.up_vllm(1, 1, tmp_path / "vllm", repo_root=REPO)
-    try:
-        yield launched.file
-    finally:
-        launched.stop()
 
 
 async def _request_overheads(cluster: ClusterFile, n: int = 12) -> tuple[float, float]:
@@ -256,14 +243,15 @@ def test_cli_errors_exit_2(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_real_vllm_calibration_completes(vllm_cluster: ClusterFile, tmp_path: Path) -> None:
+def test_real_vllm_calibration_completes(real_vllm_cluster: ClusterFile, tmp_path: Path) -> None:
+    # real_vllm_cluster: the session's shared real-vLLM 1P+1D cluster (tests/conftest.py)
     # CPU vLLM serving a tiny model is not GPU-like: no accuracy claim, only a complete, sane calibration.
     started = time.perf_counter()
     lines: list[str] = []
     try:
         # 60 s: a real CPU engine can stall for a whole request timeout (seen once in CI: two handoffs timed
         # out and the prefill sweep overran a 30 s budget, leaving the decode sweep no time).
-        cal, report = calibrate_cluster(vllm_cluster, 60.0, lines.append)
+        cal, report = calibrate_cluster(real_vllm_cluster, 60.0, lines.append)
     finally:
         print("\n".join(lines))  # shown when the test fails: where the budget went
     wall_s = time.perf_counter() - started

@@ -4,22 +4,57 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from calroute.cli.app import app
+from calroute.costmodel.calibration import Calibration
 from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile
 from calroute.engines import launch
 
 REQUESTS = 40
+# The emulated engines run the profile 10x faster: the runs' timing is not what is checked here (the gates,
+# records, summary and resumption are), and the mixed-bursty trace's longest output (4096 tokens) would
+# otherwise hold each of the three runs open for over a minute.
+TIME_SCALE = 0.1
 runner = CliRunner()
+
+
+def _time_scaled(cal: Calibration, scale: float) -> Calibration:
+    """The calibration of the same hardware with every duration times ``scale`` (as the cluster runs it)."""
+    return replace(
+        cal,
+        tau_pre_s=cal.tau_pre_s * scale,
+        tau_dec_s=cal.tau_dec_s * scale,
+        prefill=replace(
+            cal.prefill,
+            base_s=cal.prefill.base_s * scale,
+            per_token_s=cal.prefill.per_token_s * scale,
+            attn_s_per_token2=cal.prefill.attn_s_per_token2 * scale,
+        ),
+        decode=replace(
+            cal.decode,
+            base_s=cal.decode.base_s * scale,
+            per_seq_s=cal.decode.per_seq_s * scale,
+            per_ctx_token_s=cal.decode.per_ctx_token_s * scale,
+        ),
+        transfer=replace(
+            cal.transfer,
+            latency_s=cal.transfer.latency_s * scale,
+            bandwidth_bytes_per_s=cal.transfer.bandwidth_bytes_per_s / scale,
+        ),
+        slo=replace(
+            cal.slo, tight_ttft_s=cal.slo.tight_ttft_s * scale, tight_tpot_s=cal.slo.tight_tpot_s * scale
+        ),
+    )
 
 
 @pytest.fixture
 def cluster_path(tmp_path: Path) -> Iterator[Path]:
-    launched = launch.up_emulated(1, 2, tmp_path / "engines")
+    launched = launch.up_emulated(1, 2, tmp_path / "engines", time_scale=TIME_SCALE)
     path = tmp_path / "cluster.yaml"
     launched.file.save(path)
     try:
@@ -40,7 +75,8 @@ def test_run_compares_policies_live_and_resumes_only_what_is_unchanged(
     cluster_path: Path, tmp_path: Path
 ) -> None:
     cal = tmp_path / "calibration.json"
-    get_profile(DEFAULT_PROFILE).calibration.save(cal)  # the cluster runs the profile at time scale 1
+    # the cluster runs the profile at TIME_SCALE, and the router and SLO targets know it
+    _time_scaled(get_profile(DEFAULT_PROFILE).calibration, TIME_SCALE).save(cal)
     out = tmp_path / "run"
 
     code, stdout, stderr = _run(cluster_path, cal, out)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -16,8 +17,10 @@ import pytest
 from typer.testing import CliRunner
 
 from calroute.cli.app import app
+from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile
 from calroute.engines.cluster import ClusterFile
 from calroute.engines.procs import process_group_alive, stop_process_group
+from calroute.experiments import get_experiment
 from calroute.proxy.config import ProxyConfig
 from calroute.results.records import read_records
 
@@ -292,6 +295,13 @@ def test_sigterm_stops_every_process_a_live_experiment_started(tmp_path: Path, s
     also when started in the background by a script, which ignores SIGINT in it."""
     out = tmp_path / "exp"
     log = tmp_path / "experiment.log"
+    # The calibration an earlier, interrupted run of this experiment left (experiments resume with it): the
+    # job reaches its first proxy without the ~20 s calibration sweep, and is stopped with the same processes
+    # running (itself, the engines and a proxy).
+    (cell,) = get_experiment("mixed-bursty").cells(quick=True)
+    shape_dir = out / "emulated" / "_clusters" / f"{cell.prefill}P{cell.decode}D"
+    shape_dir.mkdir(parents=True)
+    get_profile(DEFAULT_PROFILE).calibration.save(shape_dir / "calibration.json")
     argv = [sys.executable, "-m", "calroute", "experiment", "mixed-bursty", "--backend", "emulated"]
     argv += ["--quick", "--requests", "200", "--saturation", "sim", "--out", str(out)]
     with log.open("wb") as f:
@@ -360,5 +370,42 @@ def test_serve_poll_interval_reaches_the_proxy_or_is_refused(
     assert exit_code == code, stderr
     if code == 0:
         assert seen == [want]
+    else:
+        assert seen == [] and str(want) in stderr
+
+
+@pytest.mark.parametrize(
+    ("timeout", "code", "want"),
+    [("10", 0, 10.0), (None, 0, 60.0), ("0", 2, "--stall-timeout"), ("-1", 2, "--stall-timeout")],
+)
+def test_serve_stall_timeout_reaches_the_proxy_or_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timeout: str | None, code: int, want: float | str
+) -> None:
+    from tests.conftest import unreachable_cluster
+
+    cluster = tmp_path / "cluster.yaml"
+    unreachable_cluster(1, 1).save(cluster)
+    seen: list[float] = []
+
+    class FakeProxy:
+        def __init__(self, cfg: ProxyConfig) -> None:
+            seen.append(cfg.stall_timeout_s)
+
+        async def start(self, host: str, port: int) -> int:
+            return port
+
+        async def stop(self) -> None:
+            pass
+
+    monkeypatch.setattr("calroute.proxy.app.Proxy", FakeProxy)
+    monkeypatch.setattr("calroute.proxy.http.server.run_until_signalled", lambda *a, **kw: None)
+    argv = ["serve", "--cluster", str(cluster)] + ([] if timeout is None else ["--stall-timeout", timeout])
+    exit_code, _, stderr = invoke(*argv)
+    assert exit_code == code, stderr
+    if code == 0:
+        assert seen == [want]
+        if timeout is None:  # serve's default is the proxy's own
+            (default,) = (f.default for f in dataclasses.fields(ProxyConfig) if f.name == "stall_timeout_s")
+            assert want == default
     else:
         assert seen == [] and str(want) in stderr

@@ -55,9 +55,13 @@ def test_slow_clients_hold_up_nobody(
                 time.sleep(0.1)
             done["sender"] = b"".join(iter(lambda: s.recv(65536), b""))
 
-    def slow_reader() -> None:  # 256 bytes every 50 ms: ~5 KB/s, under half the rate the events come at
+    # 256 bytes every 50 ms: ~5 KB/s, under half the rate the events come at; 100 tokens (~25 KB) keep it
+    # reading slowly for ~5 s, well past the normal request below and the slow sender's body
+    reader_payload = json.dumps({**body, "max_tokens": 100, "stream": True}).encode()
+
+    def slow_reader() -> None:
         with connect(p.url) as s:
-            s.sendall(head(payload) + payload)
+            s.sendall(head(reader_payload) + reader_payload)
             chunks = []
             while chunk := s.recv(256):
                 chunks.append(chunk)

@@ -56,6 +56,14 @@ def serve(
             "when scraped this often (docs/proxy.md)",
         ),
     ] = 0.05,
+    stall_timeout: Annotated[
+        float,
+        typer.Option(
+            min=0.01,
+            help="seconds of silence from a decode engine before its request counts as stalled: the engine "
+            "goes out of routing and the request is retried on another one (docs/faults.md)",
+        ),
+    ] = 60.0,
 ) -> None:
     """Route OpenAI-compatible requests to a vLLM prefill/decode cluster with the chosen policy.
 
@@ -91,6 +99,7 @@ def serve(
                 max_attempts=max_attempts,
                 online_calibration=online_calibration,
                 poll_interval_s=poll_interval,
+                stall_timeout_s=stall_timeout,
                 admin_token=os.environ.get("CALROUTE_ADMIN_TOKEN") or None,
                 engine_api_key=os.environ.get("CALROUTE_ENGINE_API_KEY") or None,
             )
