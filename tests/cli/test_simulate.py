@@ -364,7 +364,7 @@ def test_serve_poll_interval_reaches_the_proxy_or_is_refused(
             pass
 
     monkeypatch.setattr("calroute.proxy.app.Proxy", FakeProxy)
-    monkeypatch.setattr("calroute.proxy.http.server.run_until_signalled", lambda *a, **kw: None)
+    monkeypatch.setattr("calroute.aio.run_until_signalled", lambda *a, **kw: None)
     argv = ["serve", "--cluster", str(cluster)] + ([] if interval is None else ["--poll-interval", interval])
     exit_code, _, stderr = invoke(*argv)
     assert exit_code == code, stderr
@@ -398,7 +398,7 @@ def test_serve_stall_timeout_reaches_the_proxy_or_is_refused(
             pass
 
     monkeypatch.setattr("calroute.proxy.app.Proxy", FakeProxy)
-    monkeypatch.setattr("calroute.proxy.http.server.run_until_signalled", lambda *a, **kw: None)
+    monkeypatch.setattr("calroute.aio.run_until_signalled", lambda *a, **kw: None)
     argv = ["serve", "--cluster", str(cluster)] + ([] if timeout is None else ["--stall-timeout", timeout])
     exit_code, _, stderr = invoke(*argv)
     assert exit_code == code, stderr

@@ -54,7 +54,7 @@ def test_the_variant_reaches_the_proxy_and_its_cli_accepts_it(
     assert any(argv[i : i + len(want)] == want for i in range(len(argv)))
     # The serve command parses the whole line; only starting the server is replaced.
     started: list[object] = []
-    monkeypatch.setattr("calroute.proxy.http.server.run_until_signalled", lambda *a, **kw: started.append(a))
+    monkeypatch.setattr("calroute.aio.run_until_signalled", lambda *a, **kw: started.append(a))
     result = CliRunner().invoke(app, argv[argv.index("serve") :])
     assert result.exit_code == 0, result.output
     assert len(started) == 1
