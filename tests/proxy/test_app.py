@@ -52,7 +52,13 @@ def test_bad_input_gets_a_4xx_json_error(
         return p
 
     p = run(go())
-    assert [r.status for r in p.records()] == [RequestStatus.OK]  # the refused one was never admitted
+    recs = p.records()
+    if status == 413:  # refused by the server before the body was whole: never reached a route, no record
+        assert [r.status for r in recs] == [RequestStatus.OK]
+    else:  # the client's error, recorded as such: never "client disconnected", never routed
+        assert [r.status for r in recs] == [RequestStatus.REJECTED, RequestStatus.OK]
+        assert (recs[0].error or "").startswith("HTTP 400: ") and recs[0].prefill_id is None
+    assert p.proxy.ledger.in_flight_requests() == 0
     assert fakes["prefill-0"].sent and len(fakes["prefill-0"].sent) == 1
 
 
@@ -247,7 +253,9 @@ def test_the_oracle_predictor_reads_the_true_length_from_its_header(tmp_path: Pa
         return p
 
     p = run(go())
-    assert sorted(r.predicted_output_tokens for r in p.records()) == [3, 5, 9, 37]
+    recs = p.records()
+    assert [r.status for r in recs[:3]] == [RequestStatus.REJECTED] * 3  # the bad headers: client errors
+    assert sorted(r.predicted_output_tokens for r in recs[3:]) == [3, 5, 9, 37]
 
 
 def test_injected_predictor_error_is_seeded(tmp_path: Path) -> None:
