@@ -186,6 +186,16 @@ def test_bad_requests_get_a_json_error(cluster: ClusterFile, change: dict[str, A
     assert isinstance(out, dict) and "error" in out and out["error"]["message"]
 
 
+@pytest.mark.parametrize(
+    "part", [{"type": "text", "text": 5}, {"type": "text", "text": ["a"]}, {"type": "text"}]
+)
+def test_a_text_part_whose_text_is_not_a_string_is_a_400(cluster: ClusterFile, part: dict[str, Any]) -> None:
+    chat = {"model": cluster.model, "messages": [{"role": "user", "content": [part]}], "max_tokens": 2}
+    got, out = request(f"{cluster.decode[0].url}/v1/chat/completions", chat)
+    assert got == 400, out
+    assert isinstance(out, dict) and out["error"]["message"]
+
+
 def test_malformed_json_is_a_400(cluster: ClusterFile) -> None:
     got, out = request(f"{cluster.decode[0].url}/v1/completions", raw=b"{not json")
     assert got == 400

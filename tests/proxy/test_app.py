@@ -4,6 +4,7 @@ engine signals (/metrics polls and /health probes, against the fakes), health an
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -22,23 +23,119 @@ def body(**kw: Any) -> dict[str, Any]:
     return {"model": MODEL, "prompt": PROMPT, "max_tokens": 12, "ignore_eos": True, **kw}
 
 
-@pytest.mark.parametrize(
-    ("send", "status", "message"),
-    [
-        ({"raw": b"{not json"}, 400, "not valid JSON"),
-        ({"body": [1, 2]}, 400, "JSON object"),
-        ({"body": {"max_tokens": 5}}, 400, "prompt is required"),
-        ({"body": body(max_tokens=-5)}, 400, "max_tokens must be in"),
-        ({"body": body(max_tokens=0)}, 400, "max_tokens must be in"),
-        ({"body": body(max_tokens=10**9)}, 400, "max_tokens must be in"),
-        ({"body": body(max_tokens="12")}, 400, "must be an integer"),
-        ({"body": body(max_tokens=True)}, 400, "must be an integer"),
-        ({"body": body(stream="yes")}, 400, "stream must be a boolean"),
-        ({"raw": b'{"prompt": "' + b"x" * (9 * 1024 * 1024) + b'"}'}, 413, "larger than"),
-        ({"raw": b"\xff\xfe{}"}, 400, "not valid JSON"),
-        ({"body": body(), "headers": {"x-calroute-slo": "platinum"}}, 400, "x-calroute-slo"),
-    ],
-)
+def nest(depth: int) -> Any:
+    """Arrays nested ``depth`` deep."""
+    value: Any = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+def deep(depth: int, open_: str = '{"a":', close: str = "}") -> bytes:
+    """A body whose ``extra`` nests ``depth`` objects (or arrays), written by hand: past about 990 levels
+    json.dumps itself runs out of recursion."""
+    inner = "1" if open_.startswith("{") else ""
+    head = json.dumps(body())[:-1]
+    return f'{head}, "extra": {open_ * depth}{inner}{close * depth}}}'.encode()
+
+
+def chat(*messages: Any, **kw: Any) -> dict[str, Any]:
+    return {"path": CHAT, "body": {"model": MODEL, "messages": list(messages), "max_tokens": 4, **kw}}
+
+
+def part(**kw: Any) -> dict[str, Any]:
+    return {"role": "user", "content": [kw]}
+
+
+CHAT = "/v1/chat/completions"
+BAD_INPUT = [
+    ({"raw": b"{not json"}, 400, "not valid JSON"),
+    ({"body": [1, 2]}, 400, "JSON object"),
+    ({"body": {"max_tokens": 5}}, 400, "prompt is required"),
+    ({"body": body(max_tokens=-5)}, 400, "max_tokens must be in"),
+    ({"body": body(max_tokens=0)}, 400, "max_tokens must be in"),
+    ({"body": body(max_tokens=10**9)}, 400, "max_tokens must be in"),
+    ({"body": body(max_tokens="12")}, 400, "must be an integer"),
+    ({"body": body(max_tokens=True)}, 400, "must be an integer"),
+    ({"body": body(stream="yes")}, 400, "stream must be a boolean"),
+    ({"raw": b'{"prompt": "' + b"x" * (9 * 1024 * 1024) + b'"}'}, 413, "larger than"),
+    ({"raw": b"\xff\xfe{}"}, 400, "not valid JSON"),
+    ({"body": body(), "headers": {"x-calroute-slo": "platinum"}}, 400, "x-calroute-slo"),
+    # nesting: orjson reads 1024 levels but writes 254; the proxy writes the body back (prefill, decode)
+    ({"raw": deep(1000)}, 400, "extra is nested more than 254 levels"),  # json.dumps cannot write it
+    ({"raw": deep(1000, "[", "]")}, 400, "extra is nested more than 254 levels"),
+    ({"body": body(extra=nest(254))}, 400, "extra is nested more than 254 levels"),
+    ({"body": body(extra={"a": {"b": nest(300)}})}, 400, "extra is nested more than 254"),
+    ({"raw": b'{"prompt": "x", "extra": ' + b"[" * 1100 + b"]" * 1100 + b"}"}, 400, "not valid JSON"),
+    ({**chat({"role": "user", "content": "hi", "tool_calls": nest(400)})}, 400, "messages is nested"),
+    # the prompt: str | list[int] | list[str] | list[list[int]]
+    ({"body": body(prompt=5)}, 400, "prompt must be a string, a list of token ids"),
+    ({"body": body(prompt=None)}, 400, "prompt must be"),
+    ({"body": body(prompt={"text": "hi"})}, 400, "prompt must be"),
+    ({"body": body(prompt=[1, "a"])}, 400, "prompt must be"),
+    ({"body": body(prompt=[True, False])}, 400, "prompt must be"),
+    ({"body": body(prompt=[1.5, 2])}, 400, "prompt must be"),
+    ({"body": body(prompt=[[1, 2], "a"])}, 400, "prompt must be"),
+    ({"body": body(prompt=[["a"]])}, 400, "prompt must be"),
+    ({"body": body(prompt=nest(600))}, 400, "prompt must be"),
+    # chat messages: objects with a string role, content a string or a list of typed parts
+    ({"path": CHAT, "body": {"model": MODEL, "messages": "hi"}}, 400, "messages must be a list"),
+    (chat("hi"), 400, "messages[0] must be an object"),
+    (chat({"content": "hi"}), 400, "messages[0].role must be a string"),
+    (chat({"role": 1, "content": "hi"}), 400, "messages[0].role must be a string"),
+    (chat({"role": "user", "content": 5}), 400, "messages[0].content must be a string or a list"),
+    (chat({"role": "user", "content": {"text": "hi"}}), 400, "messages[0].content must be"),
+    (chat({"role": "user", "content": ["hi"]}), 400, "messages[0].content[0] must be an object"),
+    (chat(part(text="hi")), 400, "messages[0].content[0].type must be a string"),
+    (chat(part(type=1, text="hi")), 400, "messages[0].content[0].type must be a string"),
+    (chat(part(type="text", text=5)), 400, "messages[0].content[0].text must be a string"),
+    (chat(part(type="text", text=["a", "b"])), 400, "messages[0].content[0].text must be a string"),
+    (chat(part(type="text", text={"a": 1})), 400, "messages[0].content[0].text must be a string"),
+    (chat(part(type="text")), 400, "messages[0].content[0].text must be a string"),
+    (
+        chat({"role": "system", "content": "be brief"}, part(type="text", text=None)),
+        400,
+        "messages[1].content[0].text must be a string",
+    ),
+    # every other field the proxy reads, or relays with a type vLLM fixes
+    ({"body": body(max_tokens=8.0)}, 400, "max_tokens must be an integer"),
+    ({"body": body(max_tokens=2**70)}, 400, "max_tokens must be an integer"),  # orjson: a float
+    ({"body": body(max_tokens=2**63)}, 400, "max_tokens must be in"),
+    ({"body": body(max_tokens=-(2**63))}, 400, "max_tokens must be in"),
+    ({"body": body(max_completion_tokens="8")}, 400, "max_completion_tokens must be an integer"),
+    ({"body": body(max_completion_tokens=0)}, 400, "max_completion_tokens must be in"),
+    ({"body": body(stream=1)}, 400, "stream must be a boolean"),
+    ({"body": body(stream=True, stream_options=[1])}, 400, "stream_options must be an object"),
+    ({"body": body(stream=True, stream_options="usage")}, 400, "stream_options must be an object"),
+    (
+        {"body": body(stream=True, stream_options={"include_usage": "no"})},
+        400,
+        "stream_options.include_usage must be a boolean",
+    ),
+    ({"body": body(model=5)}, 400, "model must be a string"),
+    ({"body": body(model=["emulated"])}, 400, "model must be a string"),
+    ({"body": body(n="2")}, 400, "n must be an integer"),
+    ({"body": body(n=0)}, 400, "n must be at least 1, got 0"),
+    ({"body": body(n=True)}, 400, "n must be an integer"),
+    ({"body": body(min_tokens=-1)}, 400, "min_tokens must be at least 0"),
+    ({"body": body(min_tokens="1")}, 400, "min_tokens must be an integer"),
+    ({"body": body(min_completion_tokens=[1])}, 400, "min_completion_tokens must be an integer"),
+    ({"body": body(ignore_eos="true")}, 400, "ignore_eos must be a boolean"),
+    ({"body": body(ignore_eos=1)}, 400, "ignore_eos must be a boolean"),
+    # not JSON: NaN, Infinity, numbers beyond a double, invalid UTF-8 in a string
+    ({"raw": b'{"prompt": "x", "max_tokens": NaN}'}, 400, "not valid JSON"),
+    ({"raw": b'{"prompt": "x", "temperature": Infinity}'}, 400, "not valid JSON"),
+    ({"raw": b'{"prompt": "x", "temperature": -Infinity}'}, 400, "not valid JSON"),
+    ({"raw": b'{"prompt": "x", "temperature": 1e400}'}, 400, "not valid JSON"),
+    ({"raw": b'{"prompt": "\xc3\x28"}'}, 400, "not valid JSON"),
+    ({"raw": b'{"prompt": "ok", "model": "\xed\xa0\x80"}'}, 400, "not valid JSON"),  # a surrogate
+    # duplicate keys: the last one counts, as in Python's json (and vLLM's)
+    ({"raw": b'{"prompt": "x", "max_tokens": 4, "max_tokens": "4"}'}, 400, "max_tokens must be an integer"),
+    ({"raw": b'{"prompt": 1, "prompt": "x", "stream": true, "stream": []}'}, 400, "stream must be a boolean"),
+]
+
+
+@pytest.mark.parametrize(("send", "status", "message"), BAD_INPUT)
 def test_bad_input_gets_a_4xx_json_error(
     send: dict[str, Any], status: int, message: str, tmp_path: Path
 ) -> None:
@@ -46,14 +143,78 @@ def test_bad_input_gets_a_4xx_json_error(
 
     async def go() -> ProxyOnFakes:
         async with ProxyOnFakes(fakes, tmp_path) as p:
-            answer = await p.post(send.get("body"), raw=send.get("raw"), headers=send.get("headers"))
-            assert answer.status == status and message in answer.json()["error"]["message"]
+            answer = await p.post(
+                send.get("body"), send.get("path", "/v1/completions"), send.get("headers"), send.get("raw")
+            )
+            assert answer.status == status, answer.body[:300]
+            assert message in answer.json()["error"]["message"]
             assert (await p.post(body(max_tokens=1))).status == 200  # still serving
         return p
 
     p = run(go())
-    assert [r.status for r in p.records()] == [RequestStatus.OK]  # the refused one was never admitted
+    recs = p.records()
+    if status == 413:  # refused by the server before the body was whole: never reached a route, no record
+        assert [r.status for r in recs] == [RequestStatus.OK]
+    else:  # the client's error, recorded as such: never "client disconnected", never routed
+        assert [r.status for r in recs] == [RequestStatus.REJECTED, RequestStatus.OK]
+        assert (recs[0].error or "").startswith("HTTP 400: ") and recs[0].prefill_id is None
+    assert p.proxy.ledger.in_flight_requests() == 0
     assert fakes["prefill-0"].sent and len(fakes["prefill-0"].sent) == 1
+
+
+def test_bad_input_names_the_field_as_vllm_does(tmp_path: Path) -> None:
+    fakes = FakeCluster(1, 1)
+    cases = [
+        (body(max_tokens="1"), "/v1/completions", "max_tokens"),
+        (body(prompt=[1, "a"]), "/v1/completions", "prompt"),
+        (body(extra=nest(300)), "/v1/completions", "extra"),
+        (body(stream_options=3), "/v1/completions", "stream_options"),
+        (body(n=0), "/v1/completions", "n"),
+        (body(model=1), "/v1/completions", "model"),
+        (chat(part(type="text", text=1))["body"], CHAT, "messages"),
+    ]
+
+    async def go() -> None:
+        async with ProxyOnFakes(fakes, tmp_path) as p:
+            for sent, path, param in cases:
+                error = (await p.post(sent, path)).json()["error"]
+                assert (error["param"], error["type"], error["code"]) == (param, "BadRequestError", 400)
+
+    run(go())
+
+
+def test_bodies_at_the_limits_are_served(tmp_path: Path) -> None:
+    """What the checks let through reaches the engines, written back whole: the deepest body the encoder
+    writes, every prompt form, chat parts of other types, nulls for the optional fields."""
+    fakes = FakeCluster(1, 1)
+    served = [
+        (body(extra=nest(253)), "/v1/completions"),  # 254 levels, the body counting as one
+        (body(extra={"a": [{"b": nest(250)}]}), "/v1/completions"),
+        (body(prompt=[5, 6, 7]), "/v1/completions"),
+        (body(prompt=["one prompt"]), "/v1/completions"),
+        (body(prompt=[[5, 6, 7]]), "/v1/completions"),
+        (body(stream=None, n=1, min_tokens=0, stream_options=None, model=MODEL), "/v1/completions"),
+        (body(stream=True, stream_options={"include_usage": None}), "/v1/completions"),
+        (
+            chat(
+                {"role": "system", "content": None},
+                {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url"}]},
+            )["body"],
+            CHAT,
+        ),
+    ]
+
+    async def go() -> ProxyOnFakes:
+        async with ProxyOnFakes(fakes, tmp_path) as p:
+            for sent, path in served:
+                answer = await p.post(sent, path)
+                assert answer.status == 200, (sent, answer.body[:300])
+        return p
+
+    p = run(go())
+    assert [r.status for r in p.records()] == [RequestStatus.OK] * len(served)
+    assert fakes["decode-0"].sent[0].body["extra"] == nest(253)  # written back whole, to both engines
+    assert fakes["prefill-0"].sent[0].body["extra"] == nest(253)
 
 
 def test_admin_endpoints_need_the_token(tmp_path: Path) -> None:
@@ -236,7 +397,7 @@ def test_the_oracle_predictor_reads_the_true_length_from_its_header(tmp_path: Pa
 
     async def go() -> ProxyOnFakes:
         async with ProxyOnFakes(fakes, tmp_path, predictor="oracle") as p:
-            for bad in ({}, {ORACLE_HEADER: "many"}, {ORACLE_HEADER: "0"}):
+            for bad in ({}, {ORACLE_HEADER: "many"}, {ORACLE_HEADER: "0"}, {ORACLE_HEADER: "9" * 5000}):
                 answer = await p.post(body(), headers=bad)
                 assert answer.status == 400 and ORACLE_HEADER in answer.body.decode()
             assert (await p.post(body(), headers={ORACLE_HEADER: "37"})).status == 200
@@ -247,7 +408,9 @@ def test_the_oracle_predictor_reads_the_true_length_from_its_header(tmp_path: Pa
         return p
 
     p = run(go())
-    assert sorted(r.predicted_output_tokens for r in p.records()) == [3, 5, 9, 37]
+    recs = p.records()
+    assert [r.status for r in recs[:4]] == [RequestStatus.REJECTED] * 4  # the bad headers: client errors
+    assert sorted(r.predicted_output_tokens for r in recs[4:]) == [3, 5, 9, 37]
 
 
 def test_injected_predictor_error_is_seeded(tmp_path: Path) -> None:

@@ -5,16 +5,31 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 
+from calroute.engines import handoff
 from calroute.engines.cluster import ClusterEngine, ClusterFile
 from calroute.proxy import surface
-from calroute.proxy.flight import Flight, Invalid, forwarded, validate
+from calroute.proxy.flight import MAX_DEPTH, PROMPT_TYPES, Flight, Invalid, forwarded, validate
+from calroute.proxy.http import codec
+from calroute.proxy.oracle import oracle_tokens
+from calroute.proxy.prompt_length import PromptLength
 from calroute.results.records import record_from_json, record_to_json
 from calroute.types import RequestStatus, Role, SloClass
 
 MAX_LEN = 4096
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
+RANGE = f"max_tokens must be in [1, {MAX_LEN}], got {{}}"
+DEEP = f"{{}} is nested more than {MAX_DEPTH} levels deep (the body counting as one)"
+
+
+def nest(depth: int) -> Any:
+    """Arrays nested ``depth`` deep."""
+    value: Any = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
 
 
 @pytest.mark.parametrize(
@@ -63,10 +78,146 @@ COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
         ),
         ({"prompt": "hi", "stream": "yes"}, COMPLETIONS, Invalid("stream must be a boolean", "stream")),
         ({"prompt": "hi", "stream": 1}, COMPLETIONS, Invalid("stream must be a boolean", "stream")),
+        ({"prompt": "hi", "stream": None}, COMPLETIONS, None),  # null: the default
+        # the prompt's forms
+        ({"prompt": [1, 2]}, COMPLETIONS, None),
+        ({"prompt": ["a", "b"]}, COMPLETIONS, None),
+        ({"prompt": [[1], [2, 3]]}, COMPLETIONS, None),
+        ({"prompt": []}, COMPLETIONS, None),  # the engine's call
+        ({"prompt": 3}, COMPLETIONS, Invalid(f"prompt must be {PROMPT_TYPES}", "prompt")),
+        ({"prompt": [1, True]}, COMPLETIONS, Invalid(f"prompt must be {PROMPT_TYPES}", "prompt")),
+        ({"prompt": ["a", 1]}, COMPLETIONS, Invalid(f"prompt must be {PROMPT_TYPES}", "prompt")),
+        ({"prompt": [[1], [[2]]]}, COMPLETIONS, Invalid(f"prompt must be {PROMPT_TYPES}", "prompt")),
+        ({"prompt": [None]}, COMPLETIONS, Invalid(f"prompt must be {PROMPT_TYPES}", "prompt")),
+        ({"messages": [], "prompt": 3}, CHAT, None),  # a chat request's prompt is not read
+        # messages
+        ({"messages": [{"role": "user", "content": None}]}, CHAT, None),
+        ({"messages": [{"role": "user"}]}, CHAT, None),
+        ({"messages": [{"role": "u", "content": [{"type": "image_url", "image_url": {}}]}]}, CHAT, None),
+        ({"messages": {}}, CHAT, Invalid("messages must be a list of message objects", "messages")),
+        ({"messages": [[]]}, CHAT, Invalid("messages[0] must be an object", "messages")),
+        ({"messages": [{"role": None}]}, CHAT, Invalid("messages[0].role must be a string", "messages")),
+        (
+            {"messages": [{"role": "u", "content": 1.5}]},
+            CHAT,
+            Invalid("messages[0].content must be a string or a list of content parts", "messages"),
+        ),
+        (
+            {"messages": [{"role": "u", "content": [{"type": "text", "text": 7}]}]},
+            CHAT,
+            Invalid("messages[0].content[0].text must be a string", "messages"),
+        ),
+        (
+            {"messages": [{"role": "u", "content": [{"type": "text", "text": "a"}, 3]}]},
+            CHAT,
+            Invalid("messages[0].content[1] must be an object", "messages"),
+        ),
+        (
+            {"messages": [{"role": "u", "content": [{"text": "a"}]}]},
+            CHAT,
+            Invalid("messages[0].content[0].type must be a string", "messages"),
+        ),
+        # the other fields read
+        ({"prompt": "hi", "max_tokens": 2**64}, COMPLETIONS, Invalid(RANGE.format(2**64), "max_tokens")),
+        (
+            {"prompt": "hi", "stream_options": []},
+            COMPLETIONS,
+            Invalid("stream_options must be an object", "stream_options"),
+        ),
+        (
+            {"prompt": "hi", "stream_options": {"include_usage": 1}},
+            COMPLETIONS,
+            Invalid("stream_options.include_usage must be a boolean", "stream_options"),
+        ),
+        ({"prompt": "hi", "model": 1}, COMPLETIONS, Invalid("model must be a string", "model")),
+        ({"prompt": "hi", "n": 1.0}, COMPLETIONS, Invalid("n must be an integer", "n")),
+        ({"prompt": "hi", "n": -1}, COMPLETIONS, Invalid("n must be at least 1, got -1", "n")),
+        (
+            {"prompt": "hi", "min_tokens": False},
+            COMPLETIONS,
+            Invalid("min_tokens must be an integer", "min_tokens"),
+        ),
+        (
+            {"prompt": "hi", "ignore_eos": "yes"},
+            COMPLETIONS,
+            Invalid("ignore_eos must be a boolean", "ignore_eos"),
+        ),
+        # depth: the body counts as one level
+        ({"prompt": "hi", "x": nest(MAX_DEPTH - 1)}, COMPLETIONS, None),
+        ({"prompt": "hi", "x": nest(MAX_DEPTH)}, COMPLETIONS, Invalid(DEEP.format("x"), "x")),
+        ({"prompt": "hi", "x": {"y": nest(MAX_DEPTH)}}, COMPLETIONS, Invalid(DEEP.format("x"), "x")),
+        (
+            {"messages": [{"role": "u", "x": nest(MAX_DEPTH)}]},
+            CHAT,
+            Invalid(DEEP.format("messages"), "messages"),
+        ),
+        ({"messages": [], "prompt": nest(MAX_DEPTH)}, CHAT, Invalid(DEEP.format("prompt"), "prompt")),
     ],
 )
 def test_validate(body: Any, path: str, expected: Invalid | None) -> None:
     assert validate(body, path, MAX_LEN) == expected
+
+
+def test_the_depth_limit_is_what_the_encoder_writes_back() -> None:
+    """A body at MAX_DEPTH goes out as both handoff bodies through orjson itself, not the fallback (whose
+    recursion ends in a RecursionError a few hundred levels further)."""
+    body = {"prompt": "hi", "x": nest(MAX_DEPTH - 1)}
+    assert validate(body, COMPLETIONS, MAX_LEN) is None
+    for out in (handoff.prefill_body(body), handoff.decode_body({**body, "stream": True}, {"a": {"b": 1}})):
+        assert orjson.loads(orjson.dumps(out)) == out
+    assert orjson.loads(codec.dumps(body)) == body
+    with pytest.raises(orjson.JSONEncodeError):  # one more level is more than orjson writes
+        orjson.dumps({"x": nest(MAX_DEPTH)})
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, None),
+        ("37", 37),
+        ("0", None),
+        ("-3", None),
+        ("²", None),
+        ("٣", None),
+        ("9" * 5000, None),
+        (" 5", None),
+        ("9" * 18, 10**18 - 1),
+        ("9" * 19, None),
+    ],
+)
+def test_the_oracle_header_is_a_positive_count_or_nothing(value: str | None, expected: int | None) -> None:
+    assert oracle_tokens(value) == expected
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ({"prompt": [5, 6, 7]}, (3, None)),
+        ({"prompt": [[5, 6], [7]]}, (3, None)),
+        ({"prompt": ["x" * 40, "y" * 40]}, (20, 80)),
+        ({"prompt": ["x" * 40]}, (10, 40)),
+        ({"prompt": {"a": 1}}, (1, 0)),
+        ({"prompt": [True, 1]}, (1, 0)),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "u",
+                        "content": [{"type": "text", "text": "x" * 40}, {"type": "text", "text": 5}],
+                    }
+                ]
+            },
+            (11, 43),
+        ),
+        ({"messages": [{"role": "u", "content": [{"type": "text", "text": ["a"]}, "b", 3]}]}, (1, 3)),
+        ({"messages": [{"role": "u", "content": {"text": "x"}}, 7]}, (1, 4)),
+        ({"messages": 5}, (1, 0)),
+    ],
+)
+def test_the_prompt_length_of_any_body_without_raising(
+    body: dict[str, Any], expected: tuple[int, int | None]
+) -> None:
+    assert PromptLength(chars_per_token=4.0).estimate(body) == expected
 
 
 def test_a_flight_becomes_one_record_in_the_shared_schema() -> None:

@@ -526,6 +526,26 @@ def test_a_client_that_disconnects_mid_stream_is_cancelled_and_the_engine_reques
     assert p.metric("calroute_engine_errors_total") == 0 and all(healthy(p).values())
 
 
+def test_a_failure_of_the_proxy_itself_is_a_500_logged_as_failed_never_as_a_disconnect(
+    tmp_path: Path,
+) -> None:
+    fakes = FakeCluster(1, 1)
+
+    async def broken(*args: Any, **kw: Any) -> Any:
+        raise RuntimeError("a bug")  # neither an engine's failure (UpstreamError) nor the client leaving
+
+    fakes["prefill-0"].request = broken  # type: ignore[method-assign]
+
+    async def go() -> ProxyOnFakes:
+        async with ProxyOnFakes(fakes, tmp_path) as p:
+            assert (await p.post(body())).status == 500
+        return p
+
+    p = run(go())
+    (rec,) = settled(p, 1)
+    assert rec.status is RequestStatus.FAILED and rec.error == "proxy error: RuntimeError: a bug"
+
+
 def test_every_request_is_logged_once_in_the_shared_schema(tmp_path: Path) -> None:
     fakes = FakeCluster(2, 2)
 
@@ -533,11 +553,13 @@ def test_every_request_is_logged_once_in_the_shared_schema(tmp_path: Path) -> No
         async with ProxyOnFakes(fakes, tmp_path) as p:
             for i in range(6):
                 assert (await p.post(body(max_tokens=12, stream=bool(i % 2)))).status == 200
-            assert (await p.post(body(max_tokens=-1))).status == 400  # rejected before admission: not logged
+            assert (await p.post(body(max_tokens=-1))).status == 400  # refused before admission: logged too
         return p
 
     p = run(go())
-    recs = settled(p, 6)
+    *recs, refused = settled(p, 7)
+    assert refused.status is RequestStatus.REJECTED and refused.prefill_id is None
+    assert (refused.error or "").startswith("HTTP 400: max_tokens must be in")
     assert all(re.fullmatch(r"[0-9a-f]{32}", r.request_id) for r in recs)  # as long as a uuid4's hex
     for r in recs:
         assert r.status is RequestStatus.OK and r.output_tokens == 12 and r.prompt_tokens == 60

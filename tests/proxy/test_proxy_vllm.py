@@ -58,7 +58,8 @@ def test_proxy_on_real_vllm(real_cluster: ClusterFile, tmp_path: Path) -> None:
         _, via_chat = request(f"{p.url}/v1/chat/completions", chat)
         assert via_chat["choices"][0]["message"]["content"] == direct_chat["choices"][0]["message"]["content"]
         assert request(f"{p.url}/v1/completions", {**body, "max_tokens": 10**6})[0] == 400
-    recs = list(read_records(tmp_path / "log.jsonl"))
+    *recs, refused = list(read_records(tmp_path / "log.jsonl"))
+    assert refused.status is RequestStatus.REJECTED and refused.prefill_id is None  # the client's error
     assert [r.status for r in recs] == [RequestStatus.OK] * 3
     assert all(r.prefill_id == "prefill-0" and r.decode_id == "decode-0" for r in recs)
     assert all(r.first_token_s is not None and r.prefill_done_s is not None for r in recs)

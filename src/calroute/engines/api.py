@@ -119,8 +119,11 @@ def _chat_ids(body: dict[str, Any]) -> list[int]:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise ApiError(400, "each message needs a string role", "messages")
         content = m.get("content")
-        if isinstance(content, list):  # OpenAI content parts: text only
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        if isinstance(content, list):  # OpenAI content parts: the text of the text parts
+            parts = [p for p in content if isinstance(p, dict) and p.get("type", "text") == "text"]
+            if not all(isinstance(p.get("text"), str) for p in parts):
+                raise ApiError(400, "a text content part's text must be a string", "messages")
+            content = "".join(p["text"] for p in parts)
         if not isinstance(content, str):
             raise ApiError(400, "message content must be a string or a list of text parts", "messages")
         pairs.append((m["role"], content))

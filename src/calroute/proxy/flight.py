@@ -79,24 +79,136 @@ class Invalid:
     param: str | None = None
 
 
+# The deepest nesting of arrays and objects a body may have, the body itself counting as one. The proxy
+# writes the body back twice (prefill, decode: codec.dumps), and orjson writes at most 254 nested levels
+# (its recursion limit is 255; it reads up to 1024); past that, the standard library's encoder, codec's
+# fallback, would recurse until Python's own limit and fail the request with a 500.
+MAX_DEPTH = 254
+
+PROMPT_TYPES = "a string, a list of token ids, a list of strings or a list of lists of token ids"
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int  # JSON's integers; not a bool, not a float that happens to be whole
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """True when ``value`` nests more than ``limit`` arrays and objects (itself counting as one). A walk
+    with a stack, not recursion: the body may nest up to 1024 levels (orjson's reading limit)."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if depth > limit:
+            return True
+        for child in v.values() if isinstance(v, dict) else v:
+            if isinstance(child, (dict, list)):
+                stack.append((child, depth + 1))
+    return False
+
+
+def _prompt_ok(prompt: Any) -> bool:
+    """str | list[int] | list[str] | list[list[int]], as vLLM accepts (empty lists are the engine's call)."""
+    if isinstance(prompt, str):
+        return True
+    if not isinstance(prompt, list):
+        return False
+    if not prompt:
+        return True
+    first = prompt[0]
+    if _is_int(first):
+        return all(_is_int(t) for t in prompt)
+    if isinstance(first, str):
+        return all(isinstance(t, str) for t in prompt)
+    return all(isinstance(p, list) and all(_is_int(t) for t in p) for p in prompt)
+
+
+def _messages_invalid(messages: Any) -> Invalid | None:
+    """A list of objects with a string ``role`` and a ``content`` that is a string, null, or a list of
+    parts: objects whose ``type`` is a string and whose ``text``, for a text part, is a string."""
+    if not isinstance(messages, list):
+        return Invalid("messages must be a list of message objects", "messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            return Invalid(f"messages[{i}] must be an object", "messages")
+        if not isinstance(m.get("role"), str):
+            return Invalid(f"messages[{i}].role must be a string", "messages")
+        content = m.get("content")
+        if content is None or isinstance(content, str):
+            continue
+        if not isinstance(content, list):
+            return Invalid(f"messages[{i}].content must be a string or a list of content parts", "messages")
+        for j, part in enumerate(content):
+            where = f"messages[{i}].content[{j}]"
+            if not isinstance(part, dict):
+                return Invalid(f"{where} must be an object", "messages")
+            kind = part.get("type")
+            if not isinstance(kind, str):
+                return Invalid(f"{where}.type must be a string", "messages")
+            if kind == "text" and not isinstance(part.get("text"), str):
+                return Invalid(f"{where}.text must be a string", "messages")
+    return None
+
+
+def _optional_int(body: dict[str, Any], name: str, low: int, high: int | None) -> Invalid | None:
+    value = body.get(name)
+    if value is None:
+        return None  # absent or null: the engine's default
+    if not _is_int(value):
+        return Invalid(f"{name} must be an integer", name)
+    if value < low or (high is not None and value > high):
+        bounds = f"[{low}, {high}]" if high is not None else f"at least {low}"
+        return Invalid(f"{name} must be {'in ' if high is not None else ''}{bounds}, got {value}", name)
+    return None
+
+
 def validate(body: Any, path: str, max_model_len: int) -> Invalid | None:
-    """None when the proxy can route the body; what is wrong with it otherwise. Only what the proxy
-    itself reads is checked here: the engine judges the rest, and its 4xx goes back to the client."""
+    """None when the proxy can route the body; what is wrong with it otherwise: the fields the proxy reads
+    or writes back (prompt or messages, the token limits, stream and its options), the few it relays
+    whose type vLLM fixes (model, n, min_tokens, ignore_eos), and the body's depth. The engine judges the
+    rest, and its 4xx goes back to the client."""
     if not isinstance(body, dict):
         return Invalid("the request body must be a JSON object")
-    key = "messages" if path.endswith("chat/completions") else "prompt"
+    chat = path.endswith("chat/completions")
+    key = "messages" if chat else "prompt"
     if key not in body:
         return Invalid(f"{key} is required", key)
+    # The prompt's shape is checked below without recursion; skipping it here spares a walk over every
+    # token id of a long prompt.
+    for name, value in body.items():
+        if (
+            isinstance(value, (dict, list))
+            and (chat or name != "prompt")
+            and _deeper_than(value, MAX_DEPTH - 1)
+        ):
+            return Invalid(
+                f"{name} is nested more than {MAX_DEPTH} levels deep (the body counting as one)", name
+            )
+    if chat:
+        invalid = _messages_invalid(body["messages"])
+        if invalid is not None:
+            return invalid
+    elif not _prompt_ok(body["prompt"]):
+        return Invalid(f"prompt must be {PROMPT_TYPES}", "prompt")
     for name in ("max_tokens", "max_completion_tokens"):
-        value = body.get(name)
-        if value is None:
-            continue
-        if not isinstance(value, int) or isinstance(value, bool):
-            return Invalid(f"{name} must be an integer", name)
-        if value < 1 or value > max_model_len:
-            return Invalid(f"{name} must be in [1, {max_model_len}], got {value}", name)
-    if not isinstance(body.get("stream", False), bool):
-        return Invalid("stream must be a boolean", "stream")
+        invalid = _optional_int(body, name, 1, max_model_len)
+        if invalid is not None:
+            return invalid
+    for name, low in (("min_tokens", 0), ("min_completion_tokens", 0), ("n", 1)):
+        invalid = _optional_int(body, name, low, None)
+        if invalid is not None:
+            return invalid
+    for name in ("stream", "ignore_eos"):
+        if body.get(name) is not None and not isinstance(body[name], bool):
+            return Invalid(f"{name} must be a boolean", name)
+    options = body.get("stream_options")
+    if options is not None:
+        if not isinstance(options, dict):
+            return Invalid("stream_options must be an object", "stream_options")
+        if options.get("include_usage") is not None and not isinstance(options["include_usage"], bool):
+            return Invalid("stream_options.include_usage must be a boolean", "stream_options")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        return Invalid("model must be a string", "model")
     return None
 
 

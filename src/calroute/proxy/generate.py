@@ -75,14 +75,22 @@ class Generation:
 
     async def _generate(self, request: Request, path: str) -> Response | Stream:
         request_id = f"{self._id_prefix}{next(self._ids):016x}"
-        boarded = board(request, path, self.cfg, self.prompt_length, request_id, self.now())
+        arrival_s = self.now()
+        boarded = board(request, path, self.cfg, self.prompt_length, request_id, arrival_s)
         if isinstance(boarded, Invalid):
+            # The client's mistake, refused before anything was routed: one record, as the client's error.
+            refused = Flight(request_id, arrival_s, self.cfg.default_slo, 0, None, 0)
+            self._finish(refused, RequestStatus.REJECTED, f"HTTP 400: {boarded.message}")
             return json_error(400, boarded.message, param=boarded.param)
         body, flight = boarded
         try:
             return await self._serve(request, body, path, flight)
+        except Exception as e:
+            if not isinstance(e, ConnectionError):  # the proxy's own failure (the server answers 500)
+                self._finish(flight, RequestStatus.FAILED, f"proxy error: {type(e).__name__}: {e}"[:500])
+            raise
         finally:
-            if not flight.recorded:  # the client went away (handler cancelled) or something unexpected
+            if not flight.recorded:  # the client went away: the handler was cancelled, or its write broke
                 self._finish(flight, RequestStatus.CANCELLED, "client disconnected")
 
     async def _serve(self, request: Request, body: dict[str, Any], path: str, f: Flight) -> Response | Stream:

@@ -13,7 +13,9 @@ ORACLE_HEADER = "x-calroute-oracle-output-tokens"
 
 def oracle_tokens(value: str | None) -> int | None:
     """The header's value as a positive token count, or None when it is missing or not one."""
-    if value is None or not value.isdigit():
+    # ASCII digits only: str.isdigit takes "²" too, which int() refuses; and few enough that int() reads
+    # them (it refuses more than 4300 digits) and the count fits 64 bits.
+    if value is None or not value.isascii() or not value.isdigit() or len(value) > 18:
         return None
     n = int(value)
     return n if n >= 1 else None

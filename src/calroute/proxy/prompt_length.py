@@ -7,6 +7,7 @@ token), so the estimate converges on the served model's tokenizer without loadin
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 
@@ -17,25 +18,38 @@ class PromptLength:
 
     @staticmethod
     def _text(body: dict[str, Any]) -> str | list[int] | None:
+        """The prompt's text, or its token ids; None when there is neither. Only strings count as text: a
+        body the proxy did not validate (flight.validate) is read as far as it makes sense, never raises."""
         if "messages" in body:
             messages = body.get("messages")
             if not isinstance(messages, list):
                 return None
             parts = []
             for m in messages:
-                content = m.get("content") if isinstance(m, dict) else None
+                if not isinstance(m, dict):
+                    parts.append("")
+                    continue
+                content = m.get("content")
                 if isinstance(content, list):
-                    content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-                parts.append(
-                    str(m.get("role", "")) + ": " + str(content or "") if isinstance(m, dict) else ""
-                )
+                    content = "".join(
+                        text
+                        for p in content
+                        if isinstance(p, dict) and isinstance(text := p.get("text"), str)
+                    )
+                parts.append(str(m.get("role", "")) + ": " + (content if isinstance(content, str) else ""))
             return "\n".join(parts)
         prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1:
-            prompt = prompt[0]
-        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+        if isinstance(prompt, str):
             return prompt
-        return prompt if isinstance(prompt, str) else None
+        if not isinstance(prompt, list):
+            return None
+        if all(type(t) is int for t in prompt):  # token ids (not bools)
+            return prompt
+        if all(isinstance(p, str) for p in prompt):  # a batch of texts
+            return "".join(prompt)
+        if all(isinstance(p, list) and all(type(t) is int for t in p) for p in prompt):  # of token ids
+            return list(itertools.chain.from_iterable(prompt))
+        return None
 
     def estimate(self, body: dict[str, Any]) -> tuple[int, int | None]:
         """(estimated tokens, characters): characters is None when the count is exact (token ids)."""
