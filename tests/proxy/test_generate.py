@@ -35,6 +35,7 @@ from tests.proxy.fakes import (
 
 PROMPT = "fault tolerance " * 30
 CHAT = [{"role": "user", "content": "hi there"}]
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
 def body(**kw: Any) -> dict[str, Any]:
@@ -167,7 +168,7 @@ def test_each_engine_receives_its_handoff_body_and_the_same_request_id(
     do_remote_decode. Decode: the client's body with the prefill's kv_transfer_params, verbatim, and (on a
     stream) include_usage. One X-Request-Id on both hops; only trace headers and the engines' own key pass."""
     fakes = FakeCluster(1, 1)
-    client_headers = {"traceparent": "00-abc-def-01", "Authorization": "Bearer client-secret", "X-Other": "1"}
+    client_headers = {"traceparent": TRACEPARENT, "Authorization": "Bearer client-secret", "X-Other": "1"}
 
     async def go() -> ProxyOnFakes:
         async with ProxyOnFakes(fakes, tmp_path, engine_api_key="engine-key-123") as p:
@@ -187,7 +188,7 @@ def test_each_engine_receives_its_handoff_body_and_the_same_request_id(
     assert dec.body == {**client, **decode_changes, "kv_transfer_params": handed}
     for sent in (pre, dec):
         assert sent.headers == {
-            "traceparent": "00-abc-def-01",
+            "traceparent": TRACEPARENT,
             "Authorization": "Bearer engine-key-123",
             "X-Request-Id": rec.request_id,
         }
