@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
+from typing import cast
 
 import pytest
 
@@ -454,6 +455,33 @@ def test_an_answer_within_its_cap_is_read_whole() -> None:
         async with Engine(exactly_the_cap) as ep:
             async with await ep.request("POST", "/v1/completions", {}, b"{}") as r:
                 assert await r.read(CAP) == FLOOD * (CAP // len(FLOOD))
+
+    run(go())
+
+
+def test_an_event_without_end_is_cut_at_its_cap_while_relayed() -> None:
+    """The relay (proxy/relay.py) over a real connection: an engine that sends one SSE event forever ends
+    the relay with a ProtocolError once the event passes its cap."""
+    from calroute.proxy.relay import StreamRelay
+
+    class Client:
+        def write(self, data: bytes) -> None:
+            pass
+
+        def is_closing(self) -> bool:
+            return False
+
+        def get_write_buffer_size(self) -> int:
+            return 0
+
+    async def go() -> None:
+        async with Engine(chunked_without_end) as ep:
+            async with await ep.request("POST", "/v1/completions", {}, b"{}", read_timeout_s=5.0) as r:
+                relay = StreamRelay(False, lambda: 0.0, lambda now: None, max_event_bytes=CAP)
+                relay.attach(cast(asyncio.Transport, Client()), True, r)
+                with pytest.raises(ProtocolError, match="SSE event longer than") as raised:
+                    await r.relay(relay.piece)
+                assert raised.value.kind == "event_too_large" and not relay.started
 
     run(go())
 
