@@ -734,12 +734,14 @@ def test_a_stream_over_its_event_cap_after_output_is_cut_off_cleanly(tmp_path: P
 
 
 def test_a_request_that_would_carry_a_line_break_to_an_engine_is_never_sent(tmp_path: Path) -> None:
-    """The engines' API key (an operator's setting) with a line break in it: the request cannot be sent to
-    any engine. The proxy's own failure, a 500 that names nothing; no engine is blamed, none retried."""
+    """A header to engines with a line break in it (ProxyConfig refuses such an API key; here the proxy's
+    engine headers are changed behind its back): the request cannot be sent to any engine. The proxy's own
+    failure, a 500 that names nothing; no engine is blamed, none retried."""
     fakes = FakeCluster(1, 1)
 
     async def go() -> ProxyOnFakes:
-        async with ProxyOnFakes(fakes, tmp_path, engine_api_key="key\r\nX-Injected: 1", **FAST) as p:
+        async with ProxyOnFakes(fakes, tmp_path, engine_api_key="key", **FAST) as p:
+            p.proxy.generation._engine_headers = {"Authorization": "Bearer key\r\nX-Injected: 1"}
             answer = await p.post(body())
             assert answer.status == 500
             assert answer.json()["error"]["message"] == "the proxy could not send this request to an engine"

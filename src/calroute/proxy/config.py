@@ -67,6 +67,10 @@ class ProxyConfig:
             raise ConfigError(f"poll_interval_s must be > 0, got {self.poll_interval_s}")
         if self.max_attempts < 1:
             raise ConfigError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        key = self.engine_api_key
+        if key is not None and any(ord(c) < 0x20 or ord(c) == 0x7F for c in key):
+            # it goes into a header of every engine request: refused here, not at the first request
+            raise ConfigError("engine_api_key (CALROUTE_ENGINE_API_KEY) contains a control character")
         for name in ("max_answer_bytes", "max_probe_bytes", "max_event_bytes"):
             if getattr(self, name) < 1024:
                 raise ConfigError(f"{name} must be at least 1024, got {getattr(self, name)}")

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 from calroute.errors import CalrouteError
 from calroute.proxy.config import ENGINE_KEEPALIVE_S, MAX_PROBE_BYTES
-from calroute.proxy.http.client import Endpoint, UpstreamError
+from calroute.proxy.http.client import Endpoint, UnsafeRequest, UpstreamError
 
 
 class ScrapeError(CalrouteError):
@@ -49,7 +49,7 @@ class Scraper:
             )
             async with response:
                 return response.status, await response.read(self.max_bytes)
-        except (UpstreamError, TimeoutError) as e:
+        except (UpstreamError, TimeoutError, UnsafeRequest) as e:
             raise ScrapeError(f"{type(e).__name__}: {e}") from e
 
     def close(self) -> None:
