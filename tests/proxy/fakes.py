@@ -473,7 +473,15 @@ class ProxyOnFakes:
     with fake engines behind it. Its engine signals (the /metrics and /health polls) run only when asked,
     against the fakes."""
 
-    def __init__(self, fakes: FakeCluster, tmp_path: Path, signals: bool = False, **kw: Any) -> None:
+    def __init__(
+        self,
+        fakes: FakeCluster,
+        tmp_path: Path,
+        signals: bool = False,
+        engines: Mapping[str, EngineClient] | None = None,
+        **kw: Any,
+    ) -> None:
+        """``engines``: real clients to put in place of some fakes (by engine id)."""
         kw.setdefault("health_interval_s", 0.2)
         self.fakes = fakes
         self.cfg = ProxyConfig(
@@ -483,7 +491,7 @@ class ProxyOnFakes:
             decision_log_path=tmp_path / "decisions.jsonl",
             **kw,
         )
-        self.proxy = Proxy(self.cfg, engines=fakes.clients(), probe=fakes.probe)
+        self.proxy = Proxy(self.cfg, engines={**fakes.clients(), **(engines or {})}, probe=fakes.probe)
         self._signals = signals
         self.port = 0
 

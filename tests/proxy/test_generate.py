@@ -8,6 +8,7 @@ a test needs them, so that only requests decide what is healthy."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -19,6 +20,7 @@ import pytest
 from calroute.aio import run
 from calroute.engines.handoff import PREFILL_KV_PARAMS
 from calroute.proxy.generate import ENGINES_FAILED, STREAM_BROKE
+from calroute.proxy.http.client import Endpoint
 from calroute.types import RequestStatus
 from tests.proxy.conftest import CAL
 from tests.proxy.fakes import (
@@ -30,6 +32,7 @@ from tests.proxy.fakes import (
     ProxyOnFakes,
     read_head,
     send,
+    stream_events,
     token,
     until,
 )
@@ -778,3 +781,101 @@ def test_only_a_valid_trace_context_reaches_the_engines(tmp_path: Path) -> None:
         {"traceparent": good},  # an invalid tracestate alone is dropped
         {"traceparent": good},
     ]
+
+
+# ---- hostile engines over a real socket, behind the proxy's own HTTP client ------------------------------
+
+
+async def _request_of(r: asyncio.StreamReader) -> None:
+    head = await r.readuntil(b"\r\n\r\n")
+    await r.readexactly(int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0]))
+
+
+async def flooding_prefill(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+    """A prefill answer without end: 64 MiB of chunks, if it were read to the end."""
+    flood = b"x" * (64 * 1024)
+    await _request_of(r)
+    w.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+    for _ in range(1024):
+        w.write(b"%x\r\n%s\r\n" % (len(flood), flood))
+        await w.drain()
+
+
+async def misframing_decode(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+    await _request_of(r)
+    w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+    w.write(b"zz\r\n")  # not a chunk size
+    await w.drain()
+    await asyncio.sleep(1)
+
+
+async def continuing_decode(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+    """A 100 Continue, then the answer: an interim answer is skipped."""
+    await _request_of(r)
+    w.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    await w.drain()
+    events = b"".join(stream_events(False, 8, 60, False))
+    w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n" % len(events))
+    w.write(events)
+    await w.drain()
+
+
+# Over a socket (uvloop: one loop turn can bring up to 32 reads of 64 KiB, and the hostile server runs in this
+# process too), the proxy holds the cap plus about 1 MiB whatever the engine sends (64 MiB here).
+SOCKET_CAP = 1024 * 1024
+SOCKET_ENGINES = [
+    # (engine, its server, streamed, client status, the protocol error's kind or None)
+    pytest.param("prefill-0", flooding_prefill, False, 502, "too_large", id="prefill-without-end"),
+    pytest.param("decode-0", misframing_decode, True, 200, "framing", id="decode-misframed"),
+    pytest.param("decode-0", continuing_decode, True, 200, None, id="decode-100-continue"),
+]
+
+
+@pytest.mark.parametrize(("engine", "serve", "streamed", "status", "kind"), SOCKET_ENGINES)
+def test_a_hostile_engine_over_a_socket(
+    engine: str, serve: Any, streamed: bool, status: int, kind: str | None, tmp_path: Path
+) -> None:
+    fakes = FakeCluster(1, 1)
+
+    async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        try:
+            await serve(r, w)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            w.close()
+
+    async def go() -> tuple[ProxyOnFakes, int]:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        real = {engine: Endpoint(url, 4.0)}
+        try:
+            caps: dict[str, Any] = {"max_answer_bytes": SOCKET_CAP, "max_event_bytes": SOCKET_CAP}
+            async with ProxyOnFakes(fakes, tmp_path, engines=real, **FAST, **caps) as p:
+
+                async def one() -> Answer:
+                    return await p.post(body(stream=streamed))
+
+                answer, peak = await peak_bytes_of(one)
+                assert answer.status == status
+                if kind is None:
+                    assert text_of(answer, streamed) == full_text()
+                else:
+                    error = answer.events()[0] if streamed else answer.json()
+                    assert error["error"]["message"] == ENGINES_FAILED
+                    assert not any(word in answer.body for word in LEAKS) and url.encode() not in answer.body
+        finally:
+            server.close()
+        return p, peak
+
+    p, peak = run(go())
+    (rec,) = settled(p, 1)
+    if kind is None:
+        assert rec.status is RequestStatus.OK and rec.output_tokens == 0  # no usage asked of this engine
+        return
+    assert (
+        rec.status is RequestStatus.FAILED
+        and f"{engine.split('-')[0]} engine {engine}: ProtocolError" in (rec.error or "")
+    )
+    assert p.metric("calroute_engine_protocol_errors_total", engine=engine, kind=kind) == 3
+    assert peak < 3 * SOCKET_CAP, peak

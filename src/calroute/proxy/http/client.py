@@ -146,6 +146,8 @@ class EngineResponse:
 
     def _outcome(self, conn: Connection) -> bool | Exception | None:
         """How the body stands with nothing left to take: True (ended), an error, or None (more to come)."""
+        if conn.over_limit and conn.body_limit is not None:
+            return too_large(conn.body_limit)
         if conn.body_done:
             return True
         if conn.failure is not None:
@@ -185,6 +187,12 @@ class EngineResponse:
         if max_bytes is not None:
             length = self.headers.get(b"content-length")
             if length is not None and length.isdigit() and int(length) > max_bytes:
+                raise too_large(max_bytes)
+            conn = self._conn
+            assert conn is not None, "the response was closed"
+            conn.body_limit = max_bytes  # checked as the bytes arrive, however many reads a loop turn brings
+            if conn.body_bytes > max_bytes:
+                conn.over()
                 raise too_large(max_bytes)
         return await read_at_most(self.next_part, max_bytes)
 
