@@ -16,7 +16,9 @@ listed here (tests/test_errors.py checks both).
   - proxy: EngineFailed (errors.py: an engine failed before any output reached the client: retry);
     ClientGone (errors.py, also a ConnectionResetError: the client left mid-stream)
   - proxy/http: UpstreamError (client.py: an engine unreachable, breaking off, or answering HTTP the
-    client does not read); FramingError (framing.py, also a ValueError: bytes that are not HTTP/1.1
+    client does not read), and its ProtocolError (client.py: an answer misframed or over its cap, with
+    its kind); UnsafeRequest (client.py, also a ValueError: a request to an engine with CR, LF or NUL in
+    a line, never sent); FramingError (framing.py, also a ValueError: bytes that are not HTTP/1.1
     framing); ClosedEarly (connection.py, also an EOFError: closed before a whole head), _Beyond
     (connection.py: bytes after the end of an answer); HeadTooLarge (head.py, also a ValueError);
     _Refusal (server.py: a request answered with an error, after which the connection reads nothing);

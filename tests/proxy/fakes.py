@@ -6,7 +6,9 @@ naming the blocks it holds); a fake decode engine "pulls" them (each once: param
 engine that refuses pulls get an HTTP 500, as vLLM's failed pull) and answers JSON or SSE, completions or
 chat, with a usage chunk when asked. Their ``faults`` follow the fault matrix (docs/faults.md): an HTTP
 status, a connection that fails before any answer, a stall (a stream gets its head first, as from vLLM),
-an empty stream, a stream cut after some pieces, a slow first byte, /metrics or the whole engine gone.
+an empty stream, a stream cut after some pieces, a slow first byte, /metrics or the whole engine gone. And
+hostile answers, as the real client reports them (proxy/http/client.py): a whole answer far over its cap,
+an SSE event that never ends, bytes that are not HTTP framing (a ProtocolError where the parser would fail).
 
 Silence is bounded as the real client bounds it: a wait longer than the request's ``read_timeout_s`` (for
 the head, or between two pieces) raises TimeoutError after ``read_timeout_s``.
@@ -27,7 +29,8 @@ from typing import Any, Self
 from calroute.engines.cluster import ClusterFile
 from calroute.proxy.app import Proxy
 from calroute.proxy.config import ProxyConfig
-from calroute.proxy.engine_client import EngineClient, UpstreamError
+from calroute.proxy.engine_client import EngineClient, ProtocolError, UpstreamError
+from calroute.proxy.http.client import check_head, read_at_most
 from calroute.proxy.http.scrape import ScrapeError
 from calroute.proxy.signals import Probe
 from calroute.results.records import RequestRecord, read_records
@@ -37,6 +40,8 @@ from tests.proxy.conftest import CAL
 MODEL = "emulated"
 # Short bounds on an engine's silence: a stall costs a test a fifth of a second.
 FAST: dict[str, Any] = {"prefill_timeout_s": 0.2, "stall_timeout_s": 0.2}
+HOSTILE_PIECE = 64 * 1024  # a hostile engine's pieces, each a fresh allocation
+MISFRAMED = "FramingError: unreadable answer: invalid character in chunk size (fake)"
 
 
 @dataclass
@@ -53,6 +58,10 @@ class Faults:
         False  # a prefill engine whose KV cannot be pulled (as if it died after answering)
     )
     metrics_down: bool = False  # /metrics answers 503, generation goes on
+    # Hostile answers (sizes in bytes, sent in fresh HOSTILE_PIECE pieces, never held whole by the fake):
+    huge_body: int | None = None  # a whole answer (prefill, JSON) of this size: HTTP 200, never valid JSON
+    endless_event: int | None = None  # a stream: ``cut_after`` events (0 if None), then one with no end
+    misframed: bool = False  # the body breaks off as unreadable framing (a stream: after ``cut_after``)
     down: bool = False  # gone: every request and probe fails to connect
 
 
@@ -126,8 +135,8 @@ class FakeAnswer:
         while (part := await self.next_part()) is not None:
             yield part
 
-    async def read(self) -> bytes:
-        return b"".join([part async for part in self.parts()])
+    async def read(self, max_bytes: int | None = None) -> bytes:
+        return await read_at_most(self.next_part, max_bytes)
 
     def relay(self, on_part: Callable[[bytes], bool]) -> Awaitable[bool]:
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
@@ -188,6 +197,7 @@ class FakeEngine:
         body: bytes | None = None,
         read_timeout_s: float | None = None,
     ) -> FakeAnswer:
+        check_head(method, path, headers)  # as the real client does, before anything is sent
         sent = Sent(path, dict(headers), json.loads(body or b"{}"), read_timeout_s)
         self.sent.append(sent)
         self._cluster.log.append((self.id, sent))
@@ -213,6 +223,11 @@ class FakeEngine:
             return whole(404, error_json(404, message, "NotFoundError"))
         if f.garbage:
             return whole(200, b"<html>not json</html>")
+        streamed_now = streamed and (f.endless_event is not None or f.misframed)
+        if f.huge_body is not None and not streamed:
+            return FakeAnswer(200, hostile(f.huge_body, b'{"id":"', False))
+        if f.misframed and not streamed_now:
+            return FakeAnswer(200, hostile(HOSTILE_PIECE, b'{"id":"', True))
         chat = sent.path.endswith("chat/completions")
         prompt_tokens = prompt_length(sent.body, chat)
         if self.role == "prefill":
@@ -252,6 +267,12 @@ class FakeEngine:
                 return
             pieces = stream_events(chat, n, prompt_tokens, usage)
             for i, piece in enumerate(pieces):
+                if i == (f.cut_after or 0) and f.endless_event is not None:
+                    async for part in hostile(f.endless_event, b"data: ", f.misframed):
+                        yield part
+                    return
+                if i == (f.cut_after or 0) and f.misframed:
+                    raise ProtocolError("framing", MISFRAMED)
                 if i == f.cut_after:
                     raise UpstreamError("the engine closed the connection in the middle of the body (fake)")
                 await _wait(f.first_byte_s if i == 0 else f.token_interval_s, sent.read_timeout_s)
@@ -282,6 +303,19 @@ class FakeEngine:
 
     def sent_for(self, request_id: str) -> list[Sent]:
         return [s for s in self.sent if s.request_id == request_id]
+
+
+async def hostile(size: int, start: bytes, misframed: bool) -> AsyncIterator[bytes]:
+    """``size`` bytes that begin as an answer would and never end it (no blank line, no closing brace), in
+    fresh pieces; then a ProtocolError if ``misframed``."""
+    sent = 0
+    while sent < size:
+        n = min(HOSTILE_PIECE, size - sent)
+        yield (start + b"x" * (n - len(start))) if sent == 0 else b"x" * n
+        sent += n
+        await asyncio.sleep(0)
+    if misframed:
+        raise ProtocolError("framing", MISFRAMED)
 
 
 def whole(status: int, payload: bytes) -> FakeAnswer:
@@ -439,7 +473,15 @@ class ProxyOnFakes:
     with fake engines behind it. Its engine signals (the /metrics and /health polls) run only when asked,
     against the fakes."""
 
-    def __init__(self, fakes: FakeCluster, tmp_path: Path, signals: bool = False, **kw: Any) -> None:
+    def __init__(
+        self,
+        fakes: FakeCluster,
+        tmp_path: Path,
+        signals: bool = False,
+        engines: Mapping[str, EngineClient] | None = None,
+        **kw: Any,
+    ) -> None:
+        """``engines``: real clients to put in place of some fakes (by engine id)."""
         kw.setdefault("health_interval_s", 0.2)
         self.fakes = fakes
         self.cfg = ProxyConfig(
@@ -449,7 +491,7 @@ class ProxyOnFakes:
             decision_log_path=tmp_path / "decisions.jsonl",
             **kw,
         )
-        self.proxy = Proxy(self.cfg, engines=fakes.clients(), probe=fakes.probe)
+        self.proxy = Proxy(self.cfg, engines={**fakes.clients(), **(engines or {})}, probe=fakes.probe)
         self._signals = signals
         self.port = 0
 

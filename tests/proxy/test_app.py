@@ -12,6 +12,7 @@ import pytest
 
 from calroute.aio import run
 from calroute.harness.loadgen import drive
+from calroute.proxy.generate import ENGINES_FAILED
 from calroute.proxy.oracle import ORACLE_HEADER
 from calroute.types import RequestSpec, RequestStatus, SloClass
 from tests.proxy.fakes import FAST, MODEL, FakeCluster, Faults, ProxyOnFakes, until
@@ -328,7 +329,7 @@ def test_a_dead_pool_fails_its_probes_is_still_tried_then_answered_with_a_clear_
             assert (await p.get("/health")).status == 503
             # no healthy decode engine: the router tries them anyway (panic mode), and reports why it failed
             answer = await p.post(body(max_tokens=3))
-            assert answer.status == 502 and "decode engine decode-0" in answer.json()["error"]["message"]
+            assert answer.status == 502 and answer.json()["error"]["message"] == ENGINES_FAILED
         return p
 
     p = run(go())

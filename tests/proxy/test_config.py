@@ -14,7 +14,17 @@ from tests.proxy.conftest import CAL
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("poll_interval_s", 0.0), ("poll_interval_s", -0.05), ("max_attempts", 0), ("predictor_noise", -0.1)],
+    [
+        ("poll_interval_s", 0.0),
+        ("poll_interval_s", -0.05),
+        ("max_attempts", 0),
+        ("predictor_noise", -0.1),
+        ("max_answer_bytes", 1023),
+        ("max_event_bytes", 0),
+        ("max_probe_bytes", -1),
+        ("engine_api_key", "key\r\nX-Injected: 1"),  # it would add a header to every engine request
+        ("engine_api_key", "key\x00"),
+    ],
 )
 def test_bad_settings_are_refused_by_name(field: str, value: Any) -> None:
     with pytest.raises(ConfigError, match=field):

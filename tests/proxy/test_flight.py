@@ -11,7 +11,16 @@ import pytest
 from calroute.engines import handoff
 from calroute.engines.cluster import ClusterEngine, ClusterFile
 from calroute.proxy import surface
-from calroute.proxy.flight import MAX_DEPTH, PROMPT_TYPES, Flight, Invalid, forwarded, validate
+from calroute.proxy.flight import (
+    MAX_DEPTH,
+    PROMPT_TYPES,
+    Flight,
+    Invalid,
+    forwarded,
+    valid_traceparent,
+    valid_tracestate,
+    validate,
+)
 from calroute.proxy.http import codec
 from calroute.proxy.oracle import oracle_tokens
 from calroute.proxy.prompt_length import PromptLength
@@ -273,12 +282,86 @@ def test_models_lists_the_one_model_as_vllm_does() -> None:
     assert [(m["id"], m["max_model_len"], m["owned_by"]) for m in listing["data"]] == [("m", MAX_LEN, "vllm")]
 
 
+TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"  # W3C's own example
+
+
 def test_only_trace_context_is_forwarded_from_clients() -> None:
     client = {
-        "traceparent": "00-abc-def-01",
+        "traceparent": TP,
         "Authorization": "Bearer client-secret",
         "Cookie": "x=1",
         "x-calroute-slo": "tight",
         "tracestate": "k=v",
     }
-    assert forwarded(client) == {"traceparent": "00-abc-def-01", "tracestate": "k=v"}
+    assert forwarded(client) == {"traceparent": TP, "tracestate": "k=v"}
+
+
+TRACEPARENTS = [
+    (TP, True),
+    ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00", True),  # not sampled
+    ("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", True),  # a later version
+    ("cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-09-what-comes-next", True),  # may add fields
+    ("ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", False),  # the forbidden version
+    ("00-00000000000000000000000000000000-00f067aa0ba902b7-01", False),  # trace-id all zero
+    ("00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01", False),  # parent-id all zero
+    ("00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01", False),  # uppercase hex
+    ("00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01", False),  # trace-id too short
+    ("00-4bf92f3577b34da6a3ce929d0e0e47360-0f067aa0ba902b7-01", False),  # fields misplaced
+    ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-1", False),  # flags too short
+    ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0g", False),  # flags not hex
+    (TP + "-extra", False),  # version 00 is exactly 55 characters
+    (TP + "0", False),
+    ("cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0100", False),  # more, but not after a "-"
+    (TP + "\nX-Evil: 1", False),  # the probe's: a line feed and a second header
+    ("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-\r\nX-Evil: 1", False),
+    ("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-a b", False),  # spaces
+    (TP + "\x00", False),
+    (" " + TP, False),
+    ("", False),
+    ("00-abc-def-01", False),
+]
+
+
+@pytest.mark.parametrize(("value", "valid"), TRACEPARENTS)
+def test_a_traceparent_is_forwarded_only_when_it_follows_the_w3c_grammar(value: str, valid: bool) -> None:
+    assert valid_traceparent(value) is valid
+    assert forwarded({"traceparent": value}) == ({"traceparent": value} if valid else {})
+    # W3C: a tracestate goes only with a valid traceparent
+    assert forwarded({"traceparent": value, "tracestate": "k=v"}) == (
+        {"traceparent": value, "tracestate": "k=v"} if valid else {}
+    )
+
+
+TRACESTATES = [
+    ("congo=t61rcWkgMzE", True),
+    ("rojo=00f067aa0ba902b7,congo=t61rcWkgMzE", True),
+    ("rojo=00f067aa0ba902b7 , \tcongo=t61rcWkgMzE", True),  # optional spaces and tabs around commas
+    ("rojo=1,,congo=2", True),  # an empty member is allowed
+    ("fw529a3039@dt=1,t0_-*/x=v a l", True),  # a multi-tenant key; spaces inside a value
+    ("a=" + "v" * 256, True),
+    (",".join(f"k{i}=v" for i in range(32)), True),
+    (",".join(f"k{i}=v" for i in range(33)), False),  # more than 32 members
+    ("a=" + "v" * 257, False),  # a value over 256 characters
+    ("a=" + "v" * 255 + ",b=" + "v" * 252, True),  # 512 characters are the most
+    ("a=" + "v" * 255 + ",b=" + "v" * 253, False),
+    ("Congo=t61", False),  # keys are lowercase
+    ("1abc=v", False),  # a simple key begins with a letter
+    ("k=v,k=w", False),  # a key appears once
+    ("k", False),  # no "="
+    ("k=", False),  # an empty value
+    ("k=v=w", False),  # "=" inside a value
+    ("k=v ", True),  # trailing spaces belong to the separator
+    ("k=v\nX-Evil: 1", False),  # control characters
+    ("k=v\r", False),
+    ("k=v\x00", False),
+    ("k=v\x7f", False),
+    ("", False),
+    (" , ", False),  # nothing in it
+]
+
+
+@pytest.mark.parametrize(("value", "valid"), TRACESTATES)
+def test_a_tracestate_is_forwarded_only_when_it_follows_the_w3c_grammar(value: str, valid: bool) -> None:
+    assert valid_tracestate(value) is valid
+    expected = {"traceparent": TP, **({"tracestate": value} if valid else {})}
+    assert forwarded({"traceparent": TP, "tracestate": value}) == expected  # an invalid one alone is dropped

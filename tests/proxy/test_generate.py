@@ -8,6 +8,7 @@ a test needs them, so that only requests decide what is healthy."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -18,6 +19,8 @@ import pytest
 
 from calroute.aio import run
 from calroute.engines.handoff import PREFILL_KV_PARAMS
+from calroute.proxy.generate import ENGINES_FAILED, STREAM_BROKE
+from calroute.proxy.http.client import Endpoint
 from calroute.types import RequestStatus
 from tests.proxy.conftest import CAL
 from tests.proxy.fakes import (
@@ -29,12 +32,16 @@ from tests.proxy.fakes import (
     ProxyOnFakes,
     read_head,
     send,
+    stream_events,
     token,
     until,
 )
 
 PROMPT = "fault tolerance " * 30
+# What an answer to the client never names when engines failed it: an engine, an address, an exception.
+LEAKS = (b"prefill-", b"decode-", b"127.0.0.1", b"Error:", b"Traceback", b"HTTP 5")
 CHAT = [{"role": "user", "content": "hi there"}]
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
 def body(**kw: Any) -> dict[str, Any]:
@@ -167,7 +174,7 @@ def test_each_engine_receives_its_handoff_body_and_the_same_request_id(
     do_remote_decode. Decode: the client's body with the prefill's kv_transfer_params, verbatim, and (on a
     stream) include_usage. One X-Request-Id on both hops; only trace headers and the engines' own key pass."""
     fakes = FakeCluster(1, 1)
-    client_headers = {"traceparent": "00-abc-def-01", "Authorization": "Bearer client-secret", "X-Other": "1"}
+    client_headers = {"traceparent": TRACEPARENT, "Authorization": "Bearer client-secret", "X-Other": "1"}
 
     async def go() -> ProxyOnFakes:
         async with ProxyOnFakes(fakes, tmp_path, engine_api_key="engine-key-123") as p:
@@ -187,7 +194,7 @@ def test_each_engine_receives_its_handoff_body_and_the_same_request_id(
     assert dec.body == {**client, **decode_changes, "kv_transfer_params": handed}
     for sent in (pre, dec):
         assert sent.headers == {
-            "traceparent": "00-abc-def-01",
+            "traceparent": TRACEPARENT,
             "Authorization": "Bearer engine-key-123",
             "X-Request-Id": rec.request_id,
         }
@@ -367,7 +374,7 @@ def test_a_stream_cut_off_after_its_first_tokens_ends_with_an_error_event(tmp_pa
             events = answer.events()
             assert [e["choices"][0]["text"] for e in events[:3]] == [token(0), token(1), token(2)]
             error = events[3]["error"]
-            assert error["code"] == 502 and "decode engine decode-0 broke off the stream" in error["message"]
+            assert error["code"] == 502 and error["message"] == STREAM_BROKE  # which engine, how: not said
             assert events[4:] == ["[DONE]"]
             # and the next request goes to the survivor
             assert (await p.post(body())).status == 200
@@ -407,29 +414,37 @@ def test_a_stream_whose_every_attempt_stalls_gets_its_head_at_once_then_an_error
             assert head_s < stall_s, head_s
             assert time.monotonic() - started > 3 * stall_s  # three attempts
             text = rest.decode()
-            assert 'data: {"error"' in text and "decode engine decode-0" in text, text
+            assert 'data: {"error"' in text and ENGINES_FAILED in text and "decode-0" not in text, text
             assert text.count("data: ") == 2 and "data: [DONE]" in text, text
         return p
 
     p = run(go())
     (rec,) = settled(p, 1)
     assert rec.status is RequestStatus.FAILED and rec.first_token_s is None
+    assert "decode engine decode-0" in (rec.error or "")  # the details are the record's
     assert len(fakes["prefill-0"].sent) == len(fakes["decode-0"].sent) == 3  # a fresh prefill each time
 
 
 TERMINAL = [
-    # (faults, streamed, client status, record status, error in the record and the answer)
-    pytest.param({}, False, 200, RequestStatus.OK, None, id="ok"),
-    pytest.param({}, True, 200, RequestStatus.OK, None, id="ok-stream"),
+    # (faults, streamed, client status, record status, what the client reads, the record's error)
+    pytest.param({}, False, 200, RequestStatus.OK, None, None, id="ok"),
+    pytest.param({}, True, 200, RequestStatus.OK, None, None, id="ok-stream"),
     pytest.param(
-        {"decode-0": Faults(status=400)}, True, 400, RequestStatus.REJECTED, "HTTP 400", id="rejected"
+        {"decode-0": Faults(status=400)},
+        True,
+        400,
+        RequestStatus.REJECTED,
+        "HTTP 400",
+        "HTTP 400",
+        id="rejected",
     ),
     pytest.param(
         {"decode-0": Faults(status=500)},
         False,
         502,
         RequestStatus.FAILED,
-        "decode engine decode-0",
+        ENGINES_FAILED,
+        "decode engine decode-0: HTTP 500",
         id="5xx-every-attempt",
     ),
     pytest.param(
@@ -437,7 +452,8 @@ TERMINAL = [
         True,
         502,
         RequestStatus.FAILED,
-        "prefill engine prefill-0",
+        ENGINES_FAILED,
+        "prefill engine prefill-0: UpstreamError: ConnectionRefusedError",
         id="prefill-gone",
     ),
     # no healthy decode engine: the router tries them anyway (panic mode), and says why it failed
@@ -446,6 +462,7 @@ TERMINAL = [
         False,
         502,
         RequestStatus.FAILED,
+        ENGINES_FAILED,
         "decode engine decode-0",
         id="dead-pool",
     ),
@@ -454,7 +471,8 @@ TERMINAL = [
         True,
         200,
         RequestStatus.FAILED,
-        "decode engine decode-0",
+        ENGINES_FAILED,
+        "decode engine decode-0: TimeoutError",
         id="stall-every-attempt",
     ),
     pytest.param(
@@ -462,18 +480,20 @@ TERMINAL = [
         True,
         200,
         RequestStatus.FAILED,
-        "broke off the stream",
+        STREAM_BROKE,
+        "decode engine decode-0 broke off the stream: UpstreamError",
         id="cut-mid-stream",
     ),
 ]
 
 
-@pytest.mark.parametrize(("faults", "streamed", "status", "recorded", "error"), TERMINAL)
+@pytest.mark.parametrize(("faults", "streamed", "status", "recorded", "says", "error"), TERMINAL)
 def test_every_admitted_request_ends_in_exactly_one_record_with_its_terminal_status(
     faults: dict[str, Faults],
     streamed: bool,
     status: int,
     recorded: RequestStatus,
+    says: str | None,
     error: str | None,
     tmp_path: Path,
 ) -> None:
@@ -485,14 +505,16 @@ def test_every_admitted_request_ends_in_exactly_one_record_with_its_terminal_sta
         async with ProxyOnFakes(fakes, tmp_path, **FAST) as p:
             answer = await p.post(body(stream=streamed))
             assert answer.status == status
-            if error is not None:
-                assert error in answer.body.decode()
+            if says is not None:
+                assert says in answer.body.decode()
+            if recorded is RequestStatus.FAILED:  # an engine's failure: never which engine, nor how
+                assert not any(word in answer.body for word in LEAKS), answer.body
         return p
 
     p = run(go())
     (rec,) = settled(p, 1)
     assert rec.status is recorded
-    assert (rec.error is None) if error is None else (error in (rec.error or ""))
+    assert (rec.error is None) if error is None else (error in (rec.error or "")), rec.error
     assert (
         p.metric("calroute_requests_total", status=recorded.value) == p.metric("calroute_requests_total") == 1
     )
@@ -602,3 +624,280 @@ def test_the_usage_chunk_reaches_the_client_only_when_asked_for(
     (rec,) = settled(p, 1)
     assert rec.status is RequestStatus.OK and rec.output_tokens == 8  # counted either way
     assert fakes["decode-0"].sent[0].body["stream_options"]["include_usage"] is True
+
+
+# ---- hostile engines: answers over their caps, or unreadable ----------------------------------------------
+
+CAP = 256 * 1024  # the caps these tests run with (an answer, an event), so that going over them is quick
+CAPS: dict[str, Any] = {"max_answer_bytes": CAP, "max_event_bytes": CAP}
+HUGE = 16 * CAP  # what a hostile engine sends: 4 MiB
+HOSTILE = [
+    # (engine, its fault, streamed, the protocol error's kind)
+    pytest.param("prefill-0", Faults(huge_body=HUGE), False, "too_large", id="prefill-too-large"),
+    pytest.param("prefill-0", Faults(huge_body=HUGE), True, "too_large", id="prefill-too-large-stream"),
+    pytest.param("decode-0", Faults(huge_body=HUGE), False, "too_large", id="json-too-large"),
+    pytest.param("decode-0", Faults(endless_event=HUGE), True, "event_too_large", id="endless-event"),
+    pytest.param("prefill-0", Faults(misframed=True), False, "framing", id="prefill-misframed"),
+    pytest.param("decode-0", Faults(misframed=True), False, "framing", id="json-misframed"),
+    pytest.param("decode-0", Faults(misframed=True), True, "framing", id="stream-misframed"),
+    pytest.param("prefill-0", Faults(garbage=True), False, "unreadable", id="prefill-not-json"),
+    pytest.param("prefill-0", Faults(status=307), False, "status", id="prefill-redirects"),
+    pytest.param("decode-0", Faults(status=302), True, "status", id="decode-redirects-stream"),
+]
+
+
+def peak_bytes_of(coro_fn: Any) -> Any:
+    """Run an async callable under tracemalloc: (its result, the peak of what it allocated)."""
+    import tracemalloc
+
+    async def go() -> tuple[Any, int]:
+        tracemalloc.start()
+        try:
+            result = await coro_fn()
+            return result, tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    return go()
+
+
+@pytest.mark.parametrize(("engine", "fault", "streamed", "kind"), HOSTILE)
+def test_a_hostile_engine_is_an_engine_failure_retried_elsewhere_within_bounded_memory(
+    engine: str, fault: Faults, streamed: bool, kind: str, tmp_path: Path
+) -> None:
+    """Before anything reached the client, an answer over its cap or unreadable is retried like a 5xx: the
+    client gets its answer from another engine; the engine is out of routing, counted by kind. The proxy
+    never holds much more than the cap, however much the engine sends."""
+    fakes = FakeCluster(2, 2)
+    fakes[engine].faults = fault
+
+    async def go() -> tuple[ProxyOnFakes, int]:
+        async with ProxyOnFakes(fakes, tmp_path, policy="round_robin", **FAST, **CAPS) as p:
+
+            async def one() -> Answer:
+                return await p.post(body(stream=streamed))
+
+            answer, peak = await peak_bytes_of(one)
+            assert answer.status == 200 and text_of(answer, streamed) == full_text(), answer.body[:300]
+        return p, peak
+
+    p, peak = run(go())
+    (rec,) = settled(p, 1)
+    assert rec.status is RequestStatus.OK and engine not in (rec.prefill_id, rec.decode_id)
+    assert p.metric("calroute_engine_protocol_errors_total", engine=engine, kind=kind) == 1
+    assert p.metric("calroute_engine_protocol_errors_total") == 1
+    assert p.metric("calroute_engine_errors_total", engine=engine) == 1
+    assert p.metric("calroute_retries_total", phase=engine.split("-")[0]) == 1
+    assert not healthy(p)[engine]
+    assert peak < 3 * CAP, peak
+
+
+@pytest.mark.parametrize(("engine", "fault", "streamed", "kind"), HOSTILE)
+def test_when_every_engine_is_hostile_the_client_gets_a_generic_502_and_the_record_the_details(
+    engine: str, fault: Faults, streamed: bool, kind: str, tmp_path: Path
+) -> None:
+    fakes = FakeCluster(1, 1)
+    fakes[engine].faults = fault
+
+    async def go() -> ProxyOnFakes:
+        async with ProxyOnFakes(fakes, tmp_path, **FAST, **CAPS) as p:
+            answer = await p.post(body(stream=streamed))
+            if streamed and engine.startswith("decode") and fault.status is None:
+                # a stream whose head went out (with a 200 decode answer): an error event, then [DONE]
+                assert answer.status == 200
+                error, done = answer.events()
+                assert done == "[DONE]"
+            else:
+                assert answer.status == 502
+                error = answer.json()
+            assert error["error"]["message"] == ENGINES_FAILED and error["error"]["code"] == 502
+            assert not any(word in answer.body for word in LEAKS), answer.body
+        return p
+
+    p = run(go())
+    (rec,) = settled(p, 1)
+    assert rec.status is RequestStatus.FAILED and rec.error is not None
+    assert rec.error.startswith(f"{engine.split('-')[0]} engine {engine}: ")
+    assert p.metric("calroute_engine_protocol_errors_total", engine=engine, kind=kind) == 3  # every attempt
+
+
+def test_a_stream_over_its_event_cap_after_output_is_cut_off_cleanly(tmp_path: Path) -> None:
+    """Three tokens went out, then an event without end: the client gets the tokens, an error event that
+    names nothing, and [DONE]; the record says why; memory stays near the cap."""
+    fakes = FakeCluster(1, 2)
+    fakes["decode-0"].faults = Faults(endless_event=HUGE, cut_after=3)
+
+    async def go() -> tuple[ProxyOnFakes, int]:
+        async with ProxyOnFakes(fakes, tmp_path, policy="round_robin", **FAST, **CAPS) as p:
+
+            async def one() -> Answer:
+                return await p.post(body(max_tokens=20, stream=True))
+
+            answer, peak = await peak_bytes_of(one)
+            assert answer.status == 200
+            events = answer.events()
+            assert [e["choices"][0]["text"] for e in events[:3]] == [token(0), token(1), token(2)]
+            assert events[3]["error"] == {
+                "message": STREAM_BROKE,
+                "type": "BadGateway",
+                "param": None,
+                "code": 502,
+            }
+            assert events[4:] == ["[DONE]"]
+            assert b"xxxx" not in answer.body  # the event cut short is not sent on
+        return p, peak
+
+    p, peak = run(go())
+    (rec,) = settled(p, 1)
+    assert rec.status is RequestStatus.FAILED and rec.decode_id == "decode-0"
+    assert "decode engine decode-0 broke off the stream: ProtocolError: an SSE event longer than" in (
+        rec.error or ""
+    )
+    assert p.metric("calroute_engine_protocol_errors_total", engine="decode-0", kind="event_too_large") == 1
+    assert p.metric("calroute_retries_total") == 0 and not healthy(p)["decode-0"]
+    assert peak < 3 * CAP, peak
+
+
+def test_a_request_that_would_carry_a_line_break_to_an_engine_is_never_sent(tmp_path: Path) -> None:
+    """A header to engines with a line break in it (ProxyConfig refuses such an API key; here the proxy's
+    engine headers are changed behind its back): the request cannot be sent to any engine. The proxy's own
+    failure, a 500 that names nothing; no engine is blamed, none retried."""
+    fakes = FakeCluster(1, 1)
+
+    async def go() -> ProxyOnFakes:
+        async with ProxyOnFakes(fakes, tmp_path, engine_api_key="key", **FAST) as p:
+            p.proxy.generation._engine_headers = {"Authorization": "Bearer key\r\nX-Injected: 1"}
+            answer = await p.post(body())
+            assert answer.status == 500
+            assert answer.json()["error"]["message"] == "the proxy could not send this request to an engine"
+            assert b"X-Injected" not in answer.body and b"key" not in answer.body
+        return p
+
+    p = run(go())
+    (rec,) = settled(p, 1)
+    assert rec.status is RequestStatus.FAILED and (rec.error or "").startswith("not sent: ")
+    assert not fakes.log  # no engine received anything
+    assert p.metric("calroute_engine_errors_total") == 0 and all(healthy(p).values())
+
+
+def test_only_a_valid_trace_context_reaches_the_engines(tmp_path: Path) -> None:
+    fakes = FakeCluster(1, 1)
+    good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+    async def go() -> None:
+        async with ProxyOnFakes(fakes, tmp_path) as p:
+            for headers in (
+                {"traceparent": good, "tracestate": "congo=t61rcWkgMzE", "authorization": "Bearer c"},
+                {"traceparent": good.upper(), "tracestate": "congo=t61rcWkgMzE"},
+                {"traceparent": good, "tracestate": "no-equals-sign"},
+            ):
+                assert (await p.post(body(), headers=headers)).status == 200
+
+    run(go())
+    seen = [{k: v for k, v in s.headers.items() if k.startswith("trace")} for _, s in fakes.log]
+    assert seen == [
+        {"traceparent": good, "tracestate": "congo=t61rcWkgMzE"},
+        {"traceparent": good, "tracestate": "congo=t61rcWkgMzE"},
+        {},  # an invalid traceparent: neither goes on
+        {},
+        {"traceparent": good},  # an invalid tracestate alone is dropped
+        {"traceparent": good},
+    ]
+
+
+# ---- hostile engines over a real socket, behind the proxy's own HTTP client ------------------------------
+
+
+async def _request_of(r: asyncio.StreamReader) -> None:
+    head = await r.readuntil(b"\r\n\r\n")
+    await r.readexactly(int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0]))
+
+
+async def flooding_prefill(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+    """A prefill answer without end: 64 MiB of chunks, if it were read to the end."""
+    flood = b"x" * (64 * 1024)
+    await _request_of(r)
+    w.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+    for _ in range(1024):
+        w.write(b"%x\r\n%s\r\n" % (len(flood), flood))
+        await w.drain()
+
+
+async def misframing_decode(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+    await _request_of(r)
+    w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+    w.write(b"zz\r\n")  # not a chunk size
+    await w.drain()
+    await asyncio.sleep(1)
+
+
+async def continuing_decode(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+    """A 100 Continue, then the answer: an interim answer is skipped."""
+    await _request_of(r)
+    w.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    await w.drain()
+    events = b"".join(stream_events(False, 8, 60, False))
+    w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n" % len(events))
+    w.write(events)
+    await w.drain()
+
+
+# Over a socket (uvloop: one loop turn can bring up to 32 reads of 64 KiB, and the hostile server runs in this
+# process too), the proxy holds the cap plus about 1 MiB whatever the engine sends (64 MiB here).
+SOCKET_CAP = 1024 * 1024
+SOCKET_ENGINES = [
+    # (engine, its server, streamed, client status, the protocol error's kind or None)
+    pytest.param("prefill-0", flooding_prefill, False, 502, "too_large", id="prefill-without-end"),
+    pytest.param("decode-0", misframing_decode, True, 200, "framing", id="decode-misframed"),
+    pytest.param("decode-0", continuing_decode, True, 200, None, id="decode-100-continue"),
+]
+
+
+@pytest.mark.parametrize(("engine", "serve", "streamed", "status", "kind"), SOCKET_ENGINES)
+def test_a_hostile_engine_over_a_socket(
+    engine: str, serve: Any, streamed: bool, status: int, kind: str | None, tmp_path: Path
+) -> None:
+    fakes = FakeCluster(1, 1)
+
+    async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        try:
+            await serve(r, w)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            w.close()
+
+    async def go() -> tuple[ProxyOnFakes, int]:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        real = {engine: Endpoint(url, 4.0)}
+        try:
+            caps: dict[str, Any] = {"max_answer_bytes": SOCKET_CAP, "max_event_bytes": SOCKET_CAP}
+            async with ProxyOnFakes(fakes, tmp_path, engines=real, **FAST, **caps) as p:
+
+                async def one() -> Answer:
+                    return await p.post(body(stream=streamed))
+
+                answer, peak = await peak_bytes_of(one)
+                assert answer.status == status
+                if kind is None:
+                    assert text_of(answer, streamed) == full_text()
+                else:
+                    error = answer.events()[0] if streamed else answer.json()
+                    assert error["error"]["message"] == ENGINES_FAILED
+                    assert not any(word in answer.body for word in LEAKS) and url.encode() not in answer.body
+        finally:
+            server.close()
+        return p, peak
+
+    p, peak = run(go())
+    (rec,) = settled(p, 1)
+    if kind is None:
+        assert rec.status is RequestStatus.OK and rec.output_tokens == 0  # no usage asked of this engine
+        return
+    assert (
+        rec.status is RequestStatus.FAILED
+        and f"{engine.split('-')[0]} engine {engine}: ProtocolError" in (rec.error or "")
+    )
+    assert p.metric("calroute_engine_protocol_errors_total", engine=engine, kind=kind) == 3
+    assert peak < 3 * SOCKET_CAP, peak

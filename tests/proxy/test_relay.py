@@ -4,10 +4,13 @@ a slow or departed client is handled. A fake transport stands in for the client'
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import cast
 
+import pytest
+
 from calroute.proxy import relay as relay_module
-from calroute.proxy.http.client import EngineResponse
+from calroute.proxy.http.client import EngineResponse, ProtocolError
 from calroute.proxy.relay import StreamRelay
 
 ROLE = b'data: {"choices":[{"delta":{"role":"assistant"}}]}\n\n'
@@ -111,3 +114,74 @@ def test_a_paused_relay_whose_client_leaves_is_stopped() -> None:
         return source.calls, relay.client_gone
 
     assert asyncio.run(go()) == (["pause", "stop"], True)
+
+
+STREAM = ROLE + TOKEN + TOKEN + USAGE + DONE
+
+
+def unchunk(sent: list[bytes]) -> bytes:
+    data, body = b"".join(sent), b""
+    while data:
+        size, _, data = data.partition(b"\r\n")
+        body, data = body + data[: int(size, 16)], data[int(size, 16) + 2 :]
+    return body
+
+
+@pytest.mark.parametrize("cut", range(1, len(STREAM)))
+def test_an_event_end_split_anywhere_across_two_pieces_is_found(cut: int) -> None:
+    """Each piece alone is searched for an event's end: one whose blank line is split between two pieces
+    (the "\\n" | "\\n" cut) is found all the same."""
+    relay, client, _, _ = make(keep_usage=True)
+    assert relay.piece(STREAM[:cut]) and relay.piece(STREAM[cut:])
+    assert unchunk(client.sent) == STREAM and relay.pending == b""
+
+
+def test_events_fed_a_byte_at_a_time_go_out_whole() -> None:
+    relay, client, _, _ = make(keep_usage=True)
+    for i in range(len(STREAM)):
+        assert relay.piece(STREAM[i : i + 1])
+    assert unchunk(client.sent) == STREAM
+    assert all(part.endswith(b"\n\n\r\n") for part in client.sent)  # whole events only
+
+
+CAP = 64 * 1024
+OVER_CAP = [
+    # (pieces, what went out before the failure)
+    pytest.param([b"data: " + b"x" * CAP], b"", id="one-piece-no-end"),
+    pytest.param([b"data: " + b"x" * (CAP // 2)] * 3, b"", id="pieces-no-end"),
+    pytest.param([TOKEN, b"data: " + b"x" * CAP], TOKEN, id="after-a-token"),
+    pytest.param([TOKEN + b"data: " + b"x" * CAP + b"\n\n"], b"", id="a-whole-event-over-the-cap"),
+    pytest.param([b"data: " + b"x" * (CAP - 10), b"x" * 20 + b"\n\n"], b"", id="its-end-comes-too-late"),
+]
+
+
+@pytest.mark.parametrize(("pieces", "before"), OVER_CAP)
+def test_an_event_over_its_cap_ends_the_relay_with_a_protocol_error(
+    pieces: list[bytes], before: bytes
+) -> None:
+    relay, client, _, _ = make(keep_usage=True)
+    relay.max_event_bytes = CAP
+    with pytest.raises(ProtocolError, match=f"longer than {CAP} bytes") as raised:
+        for piece in pieces:
+            relay.piece(piece)
+    assert raised.value.kind == "event_too_large"
+    assert unchunk(client.sent) == before
+    relay.drop_pending()
+    assert relay.pending == b""
+
+
+def test_a_40_mib_event_without_end_costs_linear_time() -> None:
+    """Its pieces wait as a list, each searched once: 40 MiB in 64 KiB reads takes milliseconds (copying a
+    growing buffer on every read took 18 s)."""
+    relay, client, _, _ = make(keep_usage=True)
+    relay.max_event_bytes = 64 * 1024 * 1024
+    piece = b"x" * (64 * 1024)
+    started = time.process_time()
+    assert relay.piece(b"data: ")
+    for _ in range(640):
+        assert relay.piece(piece)
+    assert client.sent == []
+    assert relay.piece(b"\n\n")
+    took_s = time.process_time() - started
+    assert len(unchunk(client.sent)) == 6 + 640 * len(piece) + 2
+    assert took_s < 2.0, took_s

@@ -13,6 +13,7 @@ import typer
 from calroute.cli.common import err, exit_on_error, load_profile, parse_param_options
 from calroute.engines.cluster import ClusterFile
 from calroute.policies import policy_names
+from calroute.proxy.config import MAX_ANSWER_BYTES, MAX_EVENT_BYTES, MAX_PROBE_BYTES
 from calroute.types import SloClass
 
 
@@ -64,6 +65,27 @@ def serve(
             "goes out of routing and the request is retried on another one (docs/faults.md)",
         ),
     ] = 60.0,
+    # ---- engine answers: what an engine may make the proxy hold (docs/proxy.md) ----
+    max_answer_bytes: Annotated[
+        int,
+        typer.Option(
+            min=1024,
+            help="largest prefill answer, non-streamed completion or engine error the proxy reads (16 MiB); "
+            "a larger one is an engine failure, retried elsewhere",
+        ),
+    ] = MAX_ANSWER_BYTES,
+    max_event_bytes: Annotated[
+        int,
+        typer.Option(
+            min=1024, help="largest SSE event of a decode stream (1 MiB); a longer one ends the stream"
+        ),
+    ] = MAX_EVENT_BYTES,
+    max_probe_bytes: Annotated[
+        int,
+        typer.Option(
+            min=1024, help="largest /metrics or /health answer (4 MiB); a larger one fails the poll"
+        ),
+    ] = MAX_PROBE_BYTES,
 ) -> None:
     """Route OpenAI-compatible requests to a vLLM prefill/decode cluster with the chosen policy.
 
@@ -100,6 +122,9 @@ def serve(
                 online_calibration=online_calibration,
                 poll_interval_s=poll_interval,
                 stall_timeout_s=stall_timeout,
+                max_answer_bytes=max_answer_bytes,
+                max_event_bytes=max_event_bytes,
+                max_probe_bytes=max_probe_bytes,
                 admin_token=os.environ.get("CALROUTE_ADMIN_TOKEN") or None,
                 engine_api_key=os.environ.get("CALROUTE_ENGINE_API_KEY") or None,
             )

@@ -68,6 +68,7 @@ class Proxy:
             self._engine_headers,
             poll_metrics=self._reads_samples(),
             probe=probe,
+            probe_max_bytes=cfg.max_probe_bytes,
         )
         self.metrics = ProxyMetrics(self._live, self._prices)
         self._loop_lag = LoopLag(self.metrics.loop_lag.observe)

@@ -17,6 +17,20 @@ ENGINE_KEEPALIVE_S = 4.0
 # stalled: generous, since a step at full batch and long context is several times the reference step.
 SLOW_STEPS_PER_TOKEN = 4.0
 
+# ---- what an engine's answer may weigh (engines are not trusted with the proxy's memory) ------------------
+# A whole answer: a prefill's, a non-streamed completion's, an engine's 4xx. The largest honest one is a JSON
+# completion of many tokens with logprobs: vLLM writes about 60 bytes per candidate (token, logprob, bytes),
+# so a token with top_logprobs=5 is ~400 bytes (8,192 tokens: ~3 MiB) and with top_logprobs=20 ~1.3 KiB
+# (8,192 tokens: ~10 MiB). 16 MiB holds those, and bounds what one request can make the proxy hold.
+MAX_ANSWER_BYTES = 16 * 1024 * 1024
+# A /metrics or /health answer: vLLM's exposition is tens of KiB (histograms per model), a large
+# multi-LoRA one a few hundred.
+MAX_PROBE_BYTES = 4 * 1024 * 1024
+# One SSE event of a decode stream: a token's chunk is a few hundred bytes, a usage chunk as small; with
+# logprobs and top_logprobs=20 a chunk stays within a few KiB. The relay holds at most this much of an
+# event whose end has not come.
+MAX_EVENT_BYTES = 1024 * 1024
+
 
 @dataclass(frozen=True)
 class ProxyConfig:
@@ -38,6 +52,10 @@ class ProxyConfig:
     stall_timeout_s: float = 60.0  # longest silence from a decode engine before it counts as stalled
     max_attempts: int = 3
     max_body_bytes: int = 8 * 1024 * 1024
+    # Engine answers (see the constants above; calroute serve --max-answer-bytes and the like).
+    max_answer_bytes: int = MAX_ANSWER_BYTES  # a prefill answer, a JSON completion, an engine's 4xx body
+    max_probe_bytes: int = MAX_PROBE_BYTES  # a /metrics or /health answer
+    max_event_bytes: int = MAX_EVENT_BYTES  # one SSE event of a decode stream
     online_calibration: bool = False  # refit tau_pre / tau_dec from routed requests (costmodel/online.py)
     admin_token: str | None = None  # from CALROUTE_ADMIN_TOKEN; None disables the admin endpoints
     engine_api_key: str | None = None  # from CALROUTE_ENGINE_API_KEY; sent to engines, never logged
@@ -49,3 +67,10 @@ class ProxyConfig:
             raise ConfigError(f"poll_interval_s must be > 0, got {self.poll_interval_s}")
         if self.max_attempts < 1:
             raise ConfigError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        key = self.engine_api_key
+        if key is not None and any(ord(c) < 0x20 or ord(c) == 0x7F for c in key):
+            # it goes into a header of every engine request: refused here, not at the first request
+            raise ConfigError("engine_api_key (CALROUTE_ENGINE_API_KEY) contains a control character")
+        for name in ("max_answer_bytes", "max_probe_bytes", "max_event_bytes"):
+            if getattr(self, name) < 1024:
+                raise ConfigError(f"{name} must be at least 1024, got {getattr(self, name)}")

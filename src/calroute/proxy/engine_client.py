@@ -5,9 +5,10 @@ The proxy's own HTTP/1.1 client (http/client.py: Endpoint, EngineResponse) is th
 serves; tests put in-memory fake engines behind the same protocol (tests/proxy/fakes.py), so that the
 decisions, the handoff, retries and failover can be tested without engine processes or sockets.
 
-Failures, as the real client reports them: UpstreamError when the engine cannot be reached, breaks the
-exchange off or answers with HTTP the client does not read; TimeoutError when it stays silent for longer
-than ``read_timeout_s`` (before its head, or between two pieces of its body).
+Failures, as the real client reports them: UpstreamError when the engine cannot be reached or breaks the
+exchange off, and its ProtocolError when the answer is not HTTP the client reads or is over its cap;
+TimeoutError when it stays silent for longer than ``read_timeout_s`` (before its head, or between two
+pieces of its body).
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Protocol, Self
 
-from calroute.proxy.http.client import UpstreamError
+from calroute.proxy.http.client import ProtocolError, UnsafeRequest, UpstreamError
 
-__all__ = ["EngineAnswer", "EngineClient", "UpstreamError"]
+__all__ = ["EngineAnswer", "EngineClient", "ProtocolError", "UnsafeRequest", "UpstreamError"]
 
 
 class EngineAnswer(Protocol):
@@ -41,7 +42,9 @@ class EngineAnswer(Protocol):
 
     def parts(self) -> AsyncIterator[bytes]: ...
 
-    async def read(self) -> bytes: ...
+    async def read(self, max_bytes: int | None = None) -> bytes:
+        """The body whole; ProtocolError ("too_large") once it is over ``max_bytes``."""
+        ...
 
     def relay(self, on_part: Callable[[bytes], bool]) -> Awaitable[bool]:
         """Hand the rest of the body to ``on_part`` as it arrives (from the event loop's data callback for
@@ -71,7 +74,8 @@ class EngineClient(Protocol):
         body: bytes | None = None,
         read_timeout_s: float | None = None,
     ) -> EngineAnswer:
-        """Send the request and wait for the answer's head."""
+        """Send the request and wait for the answer's head. UnsafeRequest, before anything is sent, when the
+        method, path or a header would carry CR, LF or NUL (http/client.py's check_head)."""
         ...
 
     def close(self) -> None:

@@ -16,12 +16,15 @@ def error_event(status: int, message: str, kind: str) -> bytes:
 
 
 class EngineFailed(CalrouteError):
-    """An engine failed (connection, 5xx, timeout) before any output reached the client: retry."""
+    """An engine failed (connection, 5xx, timeout, an answer it could not read) before any output reached
+    the client: retry. ``kind``: what was wrong with an answer that came (ProtocolError's kind, or
+    "unreadable"); None when none came, or it was a 5xx."""
 
-    def __init__(self, engine_id: str, phase: str, reason: str) -> None:
+    def __init__(self, engine_id: str, phase: str, reason: str, kind: str | None = None) -> None:
         super().__init__(reason)
         self.engine_id = engine_id
         self.phase = phase
+        self.kind = kind
 
 
 class ClientGone(CalrouteError, ConnectionResetError):

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -20,12 +21,58 @@ if TYPE_CHECKING:
     from calroute.proxy.prompt_length import PromptLength
 
 # The only client headers that reach an engine (trace context); everything else is dropped, credentials
-# included: engines get the proxy's own key, if any.
+# included: engines get the proxy's own key, if any. Each is checked against its grammar first.
 FORWARDED_HEADERS = ("traceparent", "tracestate")
+
+# W3C Trace Context (https://www.w3.org/TR/trace-context/): version-traceid-parentid-flags, lowercase hex.
+# Version 00 is exactly that; a later version may add fields after a "-" (read as printable ASCII here).
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}(-[\x21-\x7e]*)?")
+# tracestate: list-members "key=value", comma-separated with optional spaces and tabs; empty members allowed.
+_KEY = re.compile(
+    r"[a-z][a-z0-9_\-*/]{0,255}"  # simple-key
+    r"|[a-z0-9][a-z0-9_\-*/]{0,240}@[a-z][a-z0-9_\-*/]{0,13}"  # multi-tenant-key: tenant@system
+)
+_VALUE = re.compile(r"[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]")
+TRACESTATE_MAX_MEMBERS = 32
+TRACESTATE_MAX_CHARS = 512
+
+
+def valid_traceparent(value: str) -> bool:
+    m = _TRACEPARENT.fullmatch(value)
+    if m is None:
+        return False
+    version, trace_id, parent_id, rest = m.groups()
+    if version == "ff" or trace_id == "0" * 32 or parent_id == "0" * 16:
+        return False
+    return version != "00" or rest is None
+
+
+def valid_tracestate(value: str) -> bool:
+    if len(value) > TRACESTATE_MAX_CHARS:
+        return False
+    keys: set[str] = set()
+    for member in value.split(","):
+        member = member.strip(" \t")
+        if not member:
+            continue
+        key, eq, val = member.partition("=")
+        if not eq or _KEY.fullmatch(key) is None or _VALUE.fullmatch(val) is None or key in keys:
+            return False
+        keys.add(key)
+    return 0 < len(keys) <= TRACESTATE_MAX_MEMBERS
 
 
 def forwarded(headers: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k in FORWARDED_HEADERS if (v := headers.get(k)) is not None}
+    """The trace context to pass on to the engines: a traceparent only if valid (W3C: an invalid one is
+    not propagated), a tracestate only if valid and with a valid traceparent (W3C: without one it is
+    dropped). Anything else the client sent stays with the proxy."""
+    parent = headers.get("traceparent")
+    if parent is None or not valid_traceparent(parent):
+        return {}
+    state = headers.get("tracestate")
+    if state is None or not valid_tracestate(state):
+        return {"traceparent": parent}
+    return {"traceparent": parent, "tracestate": state}
 
 
 @dataclass

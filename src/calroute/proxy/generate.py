@@ -6,11 +6,17 @@ decode with the returned ``kv_transfer_params``, relaying the decode engine's an
 A failed prefill is retried on another prefill engine; a decode that fails before any output is retried on
 another decode engine with a fresh prefill (transfer params are never reused). Engine 4xx answers go back
 to the client and never count against the engine. Every admitted request ends in exactly one record.
+
+Engines are not trusted: every answer is read up to its cap (ProxyConfig.max_answer_bytes whole,
+max_event_bytes an SSE event), and one over it or misframed is an engine failure like a 5xx, counted in
+calroute_engine_protocol_errors_total. What went wrong (the engine, the exception) goes to the log, the
+record and the metrics; the client only ever reads that the engines could not serve its request.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -23,6 +29,7 @@ from calroute.proxy.engine_client import EngineAnswer, EngineClient, UpstreamErr
 from calroute.proxy.errors import ClientGone, EngineFailed, error_event, json_error
 from calroute.proxy.flight import Flight, Invalid, board
 from calroute.proxy.http import codec
+from calroute.proxy.http.client import ProtocolError, UnsafeRequest
 from calroute.proxy.http.messages import Request, Response, Stream
 from calroute.proxy.metrics import ProxyMetrics
 from calroute.proxy.prompt_length import PromptLength
@@ -32,7 +39,24 @@ from calroute.results.records import RecordWriter
 from calroute.routing.router import Router
 from calroute.types import RequestStatus
 
+logger = logging.getLogger(__name__)
+
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+# What the client reads when engines failed it: never which engine, its address or the exception.
+ENGINES_FAILED = "the engines could not serve this request"
+STREAM_BROKE = "the decode engine broke off the stream"
+NOT_SENT = "the proxy could not send this request to an engine"
+
+
+def _failed(engine_id: str, phase: str, e: BaseException) -> EngineFailed:
+    """An engine's failure, from what its client raised: a ProtocolError keeps its kind."""
+    kind = e.kind if isinstance(e, ProtocolError) else None
+    return EngineFailed(engine_id, phase, f"{type(e).__name__}: {e}", kind)
+
+
+def _status_failed(engine_id: str, phase: str, status: int) -> EngineFailed:
+    """A 5xx, or a 3xx: the proxy follows no redirect, nor hands an engine's on to the client."""
+    return EngineFailed(engine_id, phase, f"HTTP {status}", "status" if status < 400 else None)
 
 
 class Generation:
@@ -117,13 +141,34 @@ class Generation:
                 return await self._decode(request, body, path, f, kv)
             except EngineFailed as e:
                 last_error = f"{e.phase} engine {e.engine_id}: {e}"
-                self.signals.mark_failed(e.engine_id, str(e))
-                self.metrics.engine_errors.labels(e.engine_id).inc()
+                self._engine_failed(e.engine_id, e.phase, str(e), e.kind, f)
                 self.metrics.retries.labels(e.phase).inc()
                 self.router.done(f.request_id, f.prompt_tokens, 0, self.now(), ok=False)
                 f.admitted = False
+            except UnsafeRequest as e:
+                # The proxy built a request it must not send (a header with a line break: the allow-list
+                # and its checks, flight.py, should make this impossible). Every engine would get the same
+                # bytes, so none is at fault and no retry can help: a 500, the proxy's own failure.
+                logger.error("request %s not sent to an engine: %s", f.request_id, e)
+                self._finish(f, RequestStatus.FAILED, f"not sent: {e}")
+                return await self._error(f, 500, NOT_SENT, "InternalServerError")
         self._finish(f, RequestStatus.FAILED, last_error)
-        return await self._error(f, 502, f"every attempt failed; last: {last_error}", "BadGateway")
+        return await self._error(f, 502, ENGINES_FAILED, "BadGateway")
+
+    def _engine_failed(self, engine_id: str, phase: str, reason: str, kind: str | None, f: Flight) -> None:
+        """An engine failed a request: out of routing, counted, logged (the details stay here)."""
+        self.signals.mark_failed(engine_id, reason)
+        self.metrics.engine_errors.labels(engine_id).inc()
+        if kind is not None:
+            self.metrics.engine_protocol_errors.labels(engine_id, kind).inc()
+            logger.warning(
+                "%s engine %s answered request %s unreadably (%s): %s",
+                phase,
+                engine_id,
+                f.request_id,
+                kind,
+                reason,
+            )
 
     async def _error(
         self, f: Flight, status: int, message: str, kind: str, payload: bytes | None = None
@@ -163,12 +208,12 @@ class Generation:
                 read_timeout_s=self.cfg.prefill_timeout_s,
             )
             async with r:
-                payload = await r.read()
+                payload = await r.read(self.cfg.max_answer_bytes)
             status = r.status
         except (UpstreamError, TimeoutError) as e:
-            raise EngineFailed(f.prefill_id, "prefill", f"{type(e).__name__}: {e}") from e
-        if status >= 500:
-            raise EngineFailed(f.prefill_id, "prefill", f"HTTP {status}")
+            raise _failed(f.prefill_id, "prefill", e) from e
+        if status >= 500 or 300 <= status < 400:
+            raise _status_failed(f.prefill_id, "prefill", status)
         if status >= 400:
             return None, await self._client_error(f, status, payload)
         f.prefill_done_s = self.now()
@@ -176,7 +221,9 @@ class Generation:
             out = codec.loads(payload)
             prompt_tokens = int(out["usage"]["prompt_tokens"])
         except (ValueError, KeyError, TypeError) as e:
-            raise EngineFailed(f.prefill_id, "prefill", f"unreadable prefill response: {e}") from e
+            raise EngineFailed(
+                f.prefill_id, "prefill", f"unreadable prefill response: {str(e)[:200]}", "unreadable"
+            ) from e
         self.router.prefill_done(f.request_id, f.prefill_done_s, prompt_tokens)
         self.prompt_length.learn(f.prompt_chars, prompt_tokens)
         f.prompt_tokens = prompt_tokens
@@ -201,15 +248,15 @@ class Generation:
                 read_timeout_s=self._silence_bound_s(body, f),
             )
             async with r:
-                if r.status >= 500:
-                    raise EngineFailed(f.decode_id, "decode", f"HTTP {r.status}")
+                if r.status >= 500 or 300 <= r.status < 400:
+                    raise _status_failed(f.decode_id, "decode", r.status)
                 if r.status >= 400:
-                    return await self._client_error(f, r.status, await r.read())
+                    return await self._client_error(f, r.status, await r.read(self.cfg.max_answer_bytes))
                 if not body.get("stream"):
                     return await self._relay_json(r, f)
                 return await self._relay_stream(request, r, f, handoff.client_wants_usage(body))
         except (UpstreamError, TimeoutError) as e:
-            raise EngineFailed(f.decode_id, "decode", f"{type(e).__name__}: {e}") from e
+            raise _failed(f.decode_id, "decode", e) from e
 
     def _silence_bound_s(self, body: dict[str, Any], f: Flight) -> float:
         """How long the decode engine may stay silent before it counts as stalled. A stream sends a token
@@ -222,7 +269,7 @@ class Generation:
         return self.cfg.stall_timeout_s + tokens * SLOW_STEPS_PER_TOKEN * self.cfg.calibration.tau_dec_s
 
     async def _relay_json(self, r: EngineAnswer, f: Flight) -> Response:
-        payload = await r.read()
+        payload = await r.read(self.cfg.max_answer_bytes)
         now = self.now()
         try:
             f.output_tokens = int(codec.loads(payload)["usage"]["completion_tokens"])
@@ -255,28 +302,34 @@ class Generation:
                 raise self._client_gone(f) from e
         resp = f.stream
         relay = StreamRelay(
-            client_wants_usage, self.now, lambda now: self.router.first_token(f.request_id, now)
+            client_wants_usage,
+            self.now,
+            lambda now: self.router.first_token(f.request_id, now),
+            self.cfg.max_event_bytes,
         )
         try:
             relay.attach(resp.transport, resp.chunked, r)
             try:
                 await r.relay(relay.piece)
-                if not relay.started:
+                tail = relay.pending  # an event the stream never ended goes out as it came
+                if not relay.started and not tail:
                     raise EngineFailed(f.decode_id or "", "decode", "empty response")
             except (UpstreamError, TimeoutError) as e:
                 if not relay.started:
                     raise  # nothing reached the client: the caller retries on another decode engine
-                error = f"decode engine {f.decode_id} broke off the stream: {type(e).__name__}"
-                self.signals.mark_failed(f.decode_id or "", error)
-                self.metrics.engine_errors.labels(f.decode_id or "").inc()
+                # The tokens so far went out; an event cut short does not, the end of the stream does.
+                relay.drop_pending()
+                error = f"decode engine {f.decode_id} broke off the stream: {type(e).__name__}: {e}"
+                kind = e.kind if isinstance(e, ProtocolError) else None
+                self._engine_failed(f.decode_id or "", "decode", error, kind, f)
                 relay.error = error
-                relay.pending += error_event(502, error, "BadGateway")
+                tail = error_event(502, STREAM_BROKE, "BadGateway")
             finally:
                 relay.detach()
             if relay.client_gone:
                 raise self._client_gone(f)
-            if relay.pending:
-                await self._to_client(f, resp.write(relay.pending))
+            if tail:
+                await self._to_client(f, resp.write(tail))
         finally:
             f.first_token_s, f.last_token_s = relay.first_token_s, relay.last_token_s
             if relay.output_tokens is not None:

@@ -69,6 +69,14 @@ class ProxyMetrics:
             ["engine"],
             registry=self.registry,
         )
+        self.engine_protocol_errors = Counter(
+            "calroute_engine_protocol_errors",
+            "Engine answers the proxy would not read, by kind: framing (not HTTP/1.1), too_large (a whole "
+            "answer over its cap), event_too_large (an SSE event over its cap), unreadable (a prefill "
+            "answer that is not the JSON it must be), status (a 3xx: no redirect is followed or passed on).",
+            ["engine", "kind"],
+            registry=self.registry,
+        )
         self.ttft = Histogram(
             "calroute_ttft_seconds",
             "Time to first token through the proxy.",

@@ -9,12 +9,14 @@ themselves, take an engine out: generation may well be working.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from calroute.engines.cluster import ClusterEngine
+from calroute.proxy.config import MAX_PROBE_BYTES
 from calroute.proxy.http.scrape import ScrapeError, Scraper
 from calroute.routing.ledger import Ledger
 
@@ -87,8 +89,9 @@ class Signals:
         headers: dict[str, str] | None = None,
         poll_metrics: bool = True,
         probe: ProbeFactory | None = None,
+        probe_max_bytes: int = MAX_PROBE_BYTES,
     ) -> None:
-        probe = probe or Scraper
+        probe = probe or functools.partial(Scraper, max_bytes=probe_max_bytes)
         self.engines = engines
         self.poll_metrics = poll_metrics  # scrape /metrics (only what reads the samples needs it)
         self.ledger = ledger

@@ -8,10 +8,11 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
+from typing import cast
 
 import pytest
 
-from calroute.proxy.http.client import Endpoint, UpstreamError
+from calroute.proxy.http.client import Endpoint, ProtocolError, UnsafeRequest, UpstreamError
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, bytes], Awaitable[bool]]
 BODY = {"prompt": "hi", "max_tokens": 3, "stream": True}
@@ -358,7 +359,7 @@ def test_misframing_is_an_upstream_error_and_the_connection_is_dropped(read: str
         async with engine as ep:
             got: list[bytes] = []
             async with await ep.request("POST", "/v1/completions", {}, b"{}", read_timeout_s=2.0) as resp:
-                with pytest.raises(UpstreamError, match="chunk size"):
+                with pytest.raises(ProtocolError, match="chunk size"):
                     if read == "relay":
                         await resp.relay(collect(got))
                     else:
@@ -366,5 +367,149 @@ def test_misframing_is_an_upstream_error_and_the_connection_is_dropped(read: str
                             got.append(part)
             assert b"".join(got) == b'data: {"n": 0}\n\n'
             assert not ep._idle
+
+    run(go())
+
+
+# ---- hostile engines, at the socket --------------------------------------------------------------------
+
+CAP = 256 * 1024
+FLOOD = b"x" * (64 * 1024)
+
+
+async def declares_too_much(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
+    w.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (1 << 40))  # a terabyte, it says
+    w.write(FLOOD)
+    await w.drain()
+    await asyncio.sleep(5)
+    return False
+
+
+async def chunked_without_end(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
+    w.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+    for _ in range(1024):  # 64 MiB, if the client read it all
+        w.write(b"%x\r\n%s\r\n" % (len(FLOOD), FLOOD))
+        await w.drain()
+    return False
+
+
+async def until_close_without_end(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
+    w.write(b"HTTP/1.0 200 OK\r\n\r\n")
+    for _ in range(1024):
+        w.write(FLOOD)
+        await w.drain()
+    return False
+
+
+async def garbage_head(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
+    w.write(b"HTTP/1.1 2OO OK\r\n\r\n{}")
+    return True
+
+
+HOSTILE = [
+    # (the engine, the protocol error's kind, where it is raised)
+    pytest.param(declares_too_much, "too_large", "read", id="content-length-over-the-cap"),
+    pytest.param(chunked_without_end, "too_large", "read", id="chunked-without-end"),
+    pytest.param(until_close_without_end, "too_large", "read", id="until-close-without-end"),
+    pytest.param(misframes_after_one, "framing", "read", id="misframed-chunk"),
+    pytest.param(garbage_head, "framing", "request", id="garbage-status-line"),
+]
+
+
+@pytest.mark.parametrize(("handler", "kind", "where"), HOSTILE)
+def test_a_hostile_answer_is_a_protocol_error_within_bounded_memory(
+    handler: Handler, kind: str, where: str
+) -> None:
+    import tracemalloc
+
+    async def go() -> None:
+        engine = Engine(handler)
+        async with engine as ep:
+            tracemalloc.start()
+            try:
+                with pytest.raises(ProtocolError) as raised:
+                    async with await ep.request(
+                        "POST", "/v1/completions", {}, b"{}", read_timeout_s=5.0
+                    ) as r:
+                        assert where == "read"
+                        await r.read(CAP)
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+            assert raised.value.kind == kind and isinstance(raised.value, UpstreamError)
+            assert peak < 3 * CAP, peak
+            assert not ep._idle  # its connection is not kept
+
+    run(go())
+
+
+def test_an_answer_within_its_cap_is_read_whole() -> None:
+    async def exactly_the_cap(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
+        w.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for _ in range(CAP // len(FLOOD)):
+            w.write(b"%x\r\n%s\r\n" % (len(FLOOD), FLOOD))
+        w.write(b"0\r\n\r\n")
+        return True
+
+    async def go() -> None:
+        async with Engine(exactly_the_cap) as ep:
+            async with await ep.request("POST", "/v1/completions", {}, b"{}") as r:
+                assert await r.read(CAP) == FLOOD * (CAP // len(FLOOD))
+
+    run(go())
+
+
+def test_an_event_without_end_is_cut_at_its_cap_while_relayed() -> None:
+    """The relay (proxy/relay.py) over a real connection: an engine that sends one SSE event forever ends
+    the relay with a ProtocolError once the event passes its cap."""
+    from calroute.proxy.relay import StreamRelay
+
+    class Client:
+        def write(self, data: bytes) -> None:
+            pass
+
+        def is_closing(self) -> bool:
+            return False
+
+        def get_write_buffer_size(self) -> int:
+            return 0
+
+    async def go() -> None:
+        async with Engine(chunked_without_end) as ep:
+            async with await ep.request("POST", "/v1/completions", {}, b"{}", read_timeout_s=5.0) as r:
+                relay = StreamRelay(False, lambda: 0.0, lambda now: None, max_event_bytes=CAP)
+                relay.attach(cast(asyncio.Transport, Client()), True, r)
+                with pytest.raises(ProtocolError, match="SSE event longer than") as raised:
+                    await r.relay(relay.piece)
+                assert raised.value.kind == "event_too_large" and not relay.started
+
+    run(go())
+
+
+UNSAFE = [
+    pytest.param("POST\r\nX: 1", "/v1/completions", {}, id="method"),
+    pytest.param("POST", "/v1/completions HTTP/1.1\r\nX-Evil: 1\r\n", {}, id="path"),
+    pytest.param("POST", "/v1/completions", {"traceparent": "00-1-2-01\nX-Evil: 1"}, id="value-lf"),
+    pytest.param("POST", "/v1/completions", {"traceparent": "00-1-2-01\rX-Evil: 1"}, id="value-cr"),
+    pytest.param("POST", "/v1/completions", {"tracestate": "a=b\x00"}, id="value-nul"),
+    pytest.param("POST", "/v1/completions", {"X-Evil\r\nX-More": "1"}, id="name-crlf"),
+    pytest.param("POST", "/v1/completions", {"X-Evil: 1": "v"}, id="name-colon"),
+    pytest.param("POST", "/v1/completions", {"": "1"}, id="name-empty"),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "headers"), UNSAFE)
+def test_a_request_with_a_line_break_in_a_line_is_refused_before_it_is_sent(
+    method: str, path: str, headers: dict[str, str]
+) -> None:
+    async def go() -> None:
+        engine = Engine(json_answer)
+        async with engine as ep:
+            with pytest.raises(UnsafeRequest):
+                await ep.request(method, path, headers, b"{}")
+            assert engine.connections == 0  # nothing was sent, no connection opened
+            # and a clean request still goes out
+            async with await ep.request("POST", "/v1/completions", {"traceparent": "t"}, b"{}") as r:
+                assert r.status == 200 and await r.read()
 
     run(go())

@@ -125,3 +125,49 @@ def test_an_engine_that_is_down_is_an_error_not_a_hang() -> None:
 def test_a_bad_url_is_refused(url: str) -> None:
     with pytest.raises(ValueError, match="not an http"):
         Scraper(url)
+
+
+def test_an_endless_metrics_answer_fails_the_poll_within_its_cap() -> None:
+    """An engine whose /metrics never ends: the poll fails once the answer passes the cap (with little
+    memory held), and the next poll is served on a fresh connection."""
+    import tracemalloc
+
+    cap = 256 * 1024
+    flood = b"vllm:num_requests_running 1.0\n" * 2000
+    answers = 0
+
+    async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        nonlocal answers
+        try:
+            await r.readuntil(b"\r\n\r\n")
+            answers += 1
+            if answers == 2:
+                w.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(BODY) + BODY)
+                await w.drain()
+                return
+            w.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            for _ in range(1000):  # 60 MiB, if read to the end
+                w.write(b"%x\r\n%s\r\n" % (len(flood), flood))
+                await w.drain()
+        except ConnectionError:
+            pass
+        finally:
+            w.close()
+
+    async def go() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        scraper = Scraper(f"http://127.0.0.1:{port}/metrics", timeout_s=5.0, max_bytes=cap)
+        tracemalloc.start()
+        try:
+            with pytest.raises(ScrapeError, match=f"larger than {cap} bytes"):
+                await scraper.get()
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 3 * cap, peak
+        assert await scraper.get() == (200, BODY)
+        scraper.close()
+        server.close()
+
+    asyncio.run(asyncio.wait_for(go(), 10.0))

@@ -7,15 +7,22 @@ coroutine, or relayed from the event loop's data callback (EngineResponse.relay)
 wakes no task per SSE event. Deliberately small: HTTP/1.1, bodies by Content-Length, chunked or the
 connection's close, no redirects, no compression (none is asked for), no proxies. The /metrics polls use it
 too (scrape.py). benchmarks/RESULTS.md has what it saved over aiohttp's client.
+
+Engines are not trusted: an answer read whole is read up to a cap (``read(max_bytes)``: a Content-Length over
+it is refused before a byte of the body is read, a body that grows past it as it arrives), and an answer the
+parser cannot read is a ProtocolError, an UpstreamError with its ``kind``. What the client writes is checked
+too: a request whose method, path or a header carries CR, LF or NUL is refused (UnsafeRequest) before it is
+sent, so nothing a client sent can add a line to a request to an engine.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
 from urllib.parse import urlsplit
 
@@ -26,6 +33,55 @@ from calroute.proxy.http.framing import FramingError
 
 class UpstreamError(CalrouteError):
     """The engine could not be reached, broke the exchange off, or answered with HTTP we do not read."""
+
+
+class ProtocolError(UpstreamError):
+    """The engine answered, but not in a way the proxy reads: ``kind`` "framing" (bytes that are not an
+    HTTP/1.1 answer), "too_large" (a body over its cap) or "event_too_large" (an SSE event over its cap,
+    relay.py). An engine failure like any UpstreamError, counted apart in the proxy's metrics."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class UnsafeRequest(CalrouteError, ValueError):
+    """A request to an engine that would carry CR, LF or NUL in its method, path or a header: never sent.
+    No engine is at fault (every engine would get the same bytes): the proxy built a request it must not
+    send."""
+
+
+_UNSAFE = re.compile(r"[\r\n\0]")
+
+
+def check_head(method: str, path: str, headers: Mapping[str, str]) -> None:
+    """UnsafeRequest if a request line or header would carry CR, LF or NUL (a header name also not empty
+    and without a colon): the bytes of a request go out only as the lines they were meant to be."""
+    for what, text in (("method", method), ("path", path)):
+        if _UNSAFE.search(text):
+            raise UnsafeRequest(f"the request's {what} contains CR, LF or NUL")
+    for name, value in headers.items():
+        if not name or ":" in name or _UNSAFE.search(name):
+            raise UnsafeRequest(f"a header name is not a token: {name[:40]!r}")
+        if _UNSAFE.search(value):
+            raise UnsafeRequest(f"the value of header {name[:40]!r} contains CR, LF or NUL")
+
+
+def too_large(max_bytes: int) -> ProtocolError:
+    return ProtocolError("too_large", f"the engine's answer is larger than {max_bytes} bytes")
+
+
+async def read_at_most(next_part: Callable[[], Awaitable[bytes | None]], max_bytes: int | None) -> bytes:
+    """A body whole from its pieces, refused (ProtocolError "too_large") once it passes ``max_bytes``:
+    what is held is never more than the cap and one piece, and the pieces are joined once."""
+    pieces: list[bytes] = []
+    size = 0
+    while (part := await next_part()) is not None:
+        size += len(part)
+        if max_bytes is not None and size > max_bytes:
+            raise too_large(max_bytes)
+        pieces.append(part)
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
 
 def _broken(conn: Connection, fired: bool, timeout_s: float | None) -> Exception:
@@ -43,7 +99,8 @@ class EngineResponse:
 
     The body comes either piece by piece to a coroutine (next_part, parts, read) or, from some point on,
     to a callback (relay). Both raise UpstreamError when the engine breaks off or misframes and
-    TimeoutError when it stays silent for longer than the read timeout."""
+    TimeoutError when it stays silent for longer than the read timeout; read(max_bytes) raises
+    ProtocolError ("too_large") for a body over ``max_bytes``."""
 
     def __init__(
         self, endpoint: Endpoint, conn: Connection, read_timeout_s: float | None, watch: Silence | None = None
@@ -89,10 +146,12 @@ class EngineResponse:
 
     def _outcome(self, conn: Connection) -> bool | Exception | None:
         """How the body stands with nothing left to take: True (ended), an error, or None (more to come)."""
+        if conn.over_limit and conn.body_limit is not None:
+            return too_large(conn.body_limit)
         if conn.body_done:
             return True
         if conn.failure is not None:
-            return UpstreamError(str(conn.failure))
+            return ProtocolError("framing", str(conn.failure))
         if conn.closed:
             fired = self._watch is not None and self._watch.fired  # the watch cut even a close-delimited body
             return True if conn.until_close and not fired else _broken(conn, fired, self._read_timeout_s)
@@ -122,8 +181,20 @@ class EngineResponse:
         while (part := await self.next_part()) is not None:
             yield part
 
-    async def read(self) -> bytes:
-        return b"".join([part async for part in self.parts()])
+    async def read(self, max_bytes: int | None = None) -> bytes:
+        """The body whole; ProtocolError ("too_large") once it is over ``max_bytes``, as soon as its
+        Content-Length says so."""
+        if max_bytes is not None:
+            length = self.headers.get(b"content-length")
+            if length is not None and length.isdigit() and int(length) > max_bytes:
+                raise too_large(max_bytes)
+            conn = self._conn
+            assert conn is not None, "the response was closed"
+            conn.body_limit = max_bytes  # checked as the bytes arrive, however many reads a loop turn brings
+            if conn.body_bytes > max_bytes:
+                conn.over()
+                raise too_large(max_bytes)
+        return await read_at_most(self.next_part, max_bytes)
 
     # ---- the relay ------------------------------------------------------------------------------------
 
@@ -184,7 +255,7 @@ class EngineResponse:
         if conn.body_done:
             self._stop(True)
         elif conn.failure is not None:
-            self._stop(UpstreamError(str(conn.failure)))
+            self._stop(ProtocolError("framing", str(conn.failure)))
 
     def connection_ended(self) -> None:
         assert self._conn is not None
@@ -192,8 +263,13 @@ class EngineResponse:
         self._stop(False if outcome is None else outcome)
 
     def _stop(self, outcome: bool | Exception) -> None:
-        if self._conn is not None:
-            self._conn.relaying = None
+        conn = self._conn
+        if conn is not None:
+            conn.relaying = None
+            if outcome is not True and conn.transport is not None and not conn.is_closing():
+                # Nothing takes the rest: read no more of it (from a hostile engine, not into ``parts``
+                # while the consumer writes its last words to its client) until the connection closes.
+                conn.transport.pause_reading()
         done = self._relay_done
         if done is None or done.done():
             return
@@ -263,11 +339,24 @@ class Endpoint:
         return conn
 
     def request_bytes(self, method: str, path: str, headers: Mapping[str, str], body: bytes | None) -> bytes:
+        """The request as it goes out; UnsafeRequest if a line would carry CR, LF or NUL (or a header
+        name a colon). The check costs two counts over the head: a line break anywhere but between the
+        lines changes them (check_head then says where)."""
         lines = [f"{method} {self.base_path}{path} HTTP/1.1", f"Host: {self.netloc}"]
         if body is not None:
             lines += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
         lines += [f"{k}: {v}" for k, v in headers.items()]
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b"")
+        head = "\r\n".join(lines)
+        breaks = len(lines) - 1
+        if (
+            head.count("\n") != breaks
+            or head.count("\r") != breaks
+            or "\0" in head
+            or any(not k or ":" in k for k in headers)
+        ):
+            check_head(method, f"{self.base_path}{path}", headers)
+            raise UnsafeRequest("the request's head contains CR, LF or NUL")
+        return (head + "\r\n\r\n").encode("latin-1") + (body or b"")
 
     async def request(
         self,
@@ -292,7 +381,9 @@ class Endpoint:
                     raise UpstreamError(f"{type(e).__name__}: {e}") from e
             except ConnectionError:
                 pass
-            except (OSError, FramingError) as e:
+            except FramingError as e:
+                raise ProtocolError("framing", f"{type(e).__name__}: {e}") from e
+            except OSError as e:
                 raise UpstreamError(f"{type(e).__name__}: {e}") from e
         try:
             async with asyncio.timeout(read_timeout_s):
@@ -300,7 +391,9 @@ class Endpoint:
             return await self._exchange(conn, data, read_timeout_s)
         except TimeoutError:
             raise
-        except (OSError, EOFError, FramingError) as e:
+        except FramingError as e:
+            raise ProtocolError("framing", f"{type(e).__name__}: {e}") from e
+        except (OSError, EOFError) as e:
             raise UpstreamError(f"{type(e).__name__}: {e}") from e
 
     async def _exchange(self, conn: Connection, data: bytes, read_timeout_s: float | None) -> EngineResponse:

@@ -70,6 +70,11 @@ class Connection(asyncio.Protocol):
         self.head_done = False
         self.body_done = False
         self.parts: deque[bytes] = deque()  # body pieces not taken yet
+        # A cap on the body (set by a whole read): once past it, nothing more is kept and reading stops.
+        # Checked here, as the bytes arrive: one loop turn can bring many reads (libuv makes up to 32).
+        self.body_limit: int | None = None
+        self.body_bytes = 0
+        self.over_limit = False
 
     def start(self) -> None:
         """A request is about to go out: what arrives from now on is its answer."""
@@ -77,6 +82,7 @@ class Connection(asyncio.Protocol):
         self.received, self.status, self.headers = 0, 0, {}
         self.keep_alive = self.until_close = self.head_done = self.body_done = False
         self.parts.clear()
+        self.body_limit, self.body_bytes, self.over_limit = None, 0, False
 
     # ---- asyncio.Protocol -----------------------------------------------------------------------------
 
@@ -156,7 +162,19 @@ class Connection(asyncio.Protocol):
         self.head_done = True
 
     def on_body(self, body: bytes) -> None:
+        self.body_bytes += len(body)
+        if self.body_limit is not None and self.body_bytes > self.body_limit:
+            self.over()
+            return
         self.parts.append(body)
+
+    def over(self) -> None:
+        """The body passed its cap: drop what waits, read no more (the response closes the connection)."""
+        if not self.over_limit:
+            self.over_limit = True
+            self.parts.clear()
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.pause_reading()
 
     def on_message_complete(self) -> None:
         self._meter.done()
