@@ -14,7 +14,19 @@ from tests.proxy.conftest import CAL
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("poll_interval_s", 0.0), ("poll_interval_s", -0.05), ("max_attempts", 0), ("predictor_noise", -0.1)],
+    [
+        ("poll_interval_s", 0.0),
+        ("poll_interval_s", -0.05),
+        ("max_attempts", 0),
+        ("predictor_noise", -0.1),
+        ("head_timeout_s", 0.0),
+        ("body_timeout_s", -1.0),
+        ("body_min_rate_bytes_s", 0.0),
+        ("keepalive_timeout_s", 0.0),
+        ("max_client_connections", 0),
+        ("max_body_bytes", 0),
+        ("max_buffered_body_bytes", 0),
+    ],
 )
 def test_bad_settings_are_refused_by_name(field: str, value: Any) -> None:
     with pytest.raises(ConfigError, match=field):
