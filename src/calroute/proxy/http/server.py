@@ -189,6 +189,7 @@ class _Connection(asyncio.Protocol):
             self._refuse_later(_Refusal(431, f"request {e}"))
         except _Refusal as e:
             self._refuse_later(e)
+        self._read = b""  # not kept past the read: a stalled connection holds only what it buffered
         if self._task is None:
             self._next()
         elif self._queue and self.transport is not None:
@@ -265,6 +266,10 @@ class _Connection(asyncio.Protocol):
                     return
             except httptools.HttpParserCallbackError as e:  # one of the callbacks below refused
                 cause = e.__context__
+                if cause is not None:
+                    # Its traceback holds this frame (a cycle) and the callback's, with the bytes read: freed
+                    # now, not at the next garbage collection.
+                    cause.__traceback__ = None
                 if isinstance(cause, HeadTooLarge):
                     self._refuse_later(_Refusal(431, f"request {cause}"))
                 elif isinstance(cause, _Refusal):
@@ -279,6 +284,7 @@ class _Connection(asyncio.Protocol):
 
     def _refuse_later(self, refusal: _Refusal) -> None:
         """Read no further; the refusal is answered once the requests before it are."""
+        refusal.__traceback__ = None  # it would keep the frames that raised it, and the bytes they read
         self._reading = False
         self._continue_owed = False
         self._release()
