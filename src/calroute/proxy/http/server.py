@@ -19,7 +19,9 @@ HTTP server"). What it guarantees:
   are cut (the request line grows in place; body pieces are joined once; a chunk-size line is measured per
   read).
 - A client that shuts its side (a half-close) gets the answers to the requests it sent whole, then the
-  close; a request cut short by it gets 400.
+  close; a request cut short by it gets 400. A half-close and a close look alike until the server writes:
+  so that a client that left still cancels its handler, an HTTP/1.1 client whose answer has not begun gets
+  a 100 Continue at once, which a closed socket answers with a reset, looked for every EOF_PROBE_S.
 - Bodies by Content-Length or chunked, at most ``max_body_bytes``: 413 from the Content-Length before the
   body is read, or once a chunked body grows past it. ``Expect: 100-continue`` answered once the request is
   next in line. A request that could be read two ways (Content-Length and Transfer-Encoding, two
