@@ -18,7 +18,8 @@ import pytest
 
 from calroute.aio import run
 from calroute.proxy.http import server as server_mod
-from tests.proxy.fakes import FakeCluster, ProxyOnFakes, until
+from calroute.types import RequestStatus
+from tests.proxy.fakes import FakeCluster, Faults, ProxyOnFakes, until
 
 pytestmark = pytest.mark.faults
 
@@ -198,19 +199,24 @@ def test_stalled_big_bodies_hold_bounded_memory_and_free_it(tmp_path: Path) -> N
     serving(tmp_path, test, body_timeout_s=1.0, body_min_rate_bytes_s=1e12, max_buffered_body_bytes=cap)
 
 
-def test_a_half_closed_client_gets_its_answer(tmp_path: Path) -> None:
+def test_a_half_closed_client_gets_its_answer_and_one_that_left_is_cancelled(tmp_path: Path) -> None:
     async def test(p: ProxyOnFakes) -> None:
+        p.fakes["decode-0"].faults = Faults(first_byte_s=0.3)  # the answer is under way when the FIN comes
         body = json.dumps({"model": "emulated", "prompt": "hi", "max_tokens": 3}).encode()
-        for raw in (
-            HEALTH,
-            b"POST /v1/completions HTTP/1.1\r\nHost: calroute\r\nContent-Length: %d\r\n\r\n%s"
-            % (len(body), body),
-        ):
-            reader, writer = await asyncio.open_connection("127.0.0.1", p.port)
-            writer.write(raw)
-            writer.write_eof()  # shutdown(SHUT_WR): the request is all it will send
-            data = await asyncio.wait_for(reader.read(), 2.0)  # the answer, then the proxy's close
-            writer.close()
-            assert data.startswith(b"HTTP/1.1 200 "), data[:200]
+        head = b"POST /v1/completions HTTP/1.1\r\nHost: calroute\r\nContent-Length: %d\r\n\r\n" % len(body)
+        reader, writer = await asyncio.open_connection("127.0.0.1", p.port)
+        writer.write(head + body)
+        writer.write_eof()  # shutdown(SHUT_WR): the request is all it will send
+        data = await asyncio.wait_for(reader.read(), 3.0)  # the answer, then the proxy's close
+        writer.close()
+        data = data.removeprefix(b"HTTP/1.1 100 Continue\r\n\r\n")  # drawn to tell it from a close
+        assert data.startswith(b"HTTP/1.1 200 "), data[:200]
+        # A client that closes for good (the same FIN) while its answer is under way: cancelled, as before.
+        reader, writer = await asyncio.open_connection("127.0.0.1", p.port)
+        writer.write(head + body)
+        await asyncio.sleep(0.05)
+        writer.close()
+        await until(lambda: len(p.records()) == 2, 3.0)
+        assert [r.status for r in p.records()] == [RequestStatus.OK, RequestStatus.CANCELLED]
 
     serving(tmp_path, test)
