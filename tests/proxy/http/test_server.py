@@ -528,6 +528,26 @@ def test_the_head_limit_holds_however_it_is_cut(size: int, how: str) -> None:
     assert [status for status, _, _ in got] == [200 if size < MAX_HEAD_BYTES else 431]
 
 
+@pytest.mark.parametrize("step", [1, 97, 4096])
+@pytest.mark.parametrize("start", [GET, GET + b"X-A: 1\r\n", b"\r\n" + GET])
+def test_a_head_line_is_refused_once_past_the_limit_not_once_whole(start: bytes, step: int) -> None:
+    # A line that never ends, well under the head limit: refused as it passes 8 KiB, before httptools has
+    # grown it piece by piece any further.
+    raw = start + b"X-Long: " + b"v" * 12_000
+    got, seen, _ = serve([raw[i : i + step] for i in range(0, len(raw), step)])
+    assert not seen and [status for status, _, _ in got] == [431]
+    assert "line longer than 8192" in json.loads(got[0][2])["error"]["message"]
+
+
+def test_a_pipelined_head_line_is_counted_from_its_own_start() -> None:
+    # A head that begins in a read after another request's body: its lines count from its next read.
+    first = post("/echo", b"b\n" * 400)
+    raw = first + GET + b"X-Ok: " + b"v" * 8000 + b"\r\n\r\n"
+    for step in (len(first) + 30, 512):
+        got, seen, _ = serve([raw[i : i + step] for i in range(0, len(raw), step)])
+        assert [status for status, _, _ in got] == [200, 200] and len(seen) == 2
+
+
 def test_endless_trailers_are_refused() -> None:
     raw = POST + b"Transfer-Encoding: chunked\r\n\r\n1\r\nz\r\n0\r\nX-Endless: "
     got, seen, _ = serve([raw] + [b"t" * 10_000] * 8)

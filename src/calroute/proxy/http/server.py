@@ -16,8 +16,9 @@ HTTP server"). What it guarantees:
 - What clients can hold is bounded: past ``max_connections`` a new connection gets a 503 and is closed
   before anything is read; the bodies being read, across connections, at most ``max_buffered_body_bytes``
   (the body that would cross it gets 503). Reading costs time linear in the bytes received however they
-  are cut (the request line grows in place; body pieces are joined once; a chunk-size line is measured per
-  read).
+  are cut (the request line grows in place; body pieces are joined once; a head line and a chunk-size line
+  are measured per read, and refused past MAX_LINE_BYTES before they are whole: httptools grows a header
+  by concatenation, so a line is what bounds its copying).
 - A client that shuts its side (a half-close) gets the answers to the requests it sent whole, then the
   close; a request cut short by it gets 400. A half-close and a close look alike until the server writes:
   so that a client that left still cancels its handler, an HTTP/1.1 client whose answer has not begun gets
@@ -132,6 +133,7 @@ class _Connection(asyncio.Protocol):
         self._chunk_line = -1  # bytes of the chunk-size line being read; -1 outside one
         self._chunk_line_began = False  # a chunk-size line began in the current read
         self._carried = -1  # _chunk_line when the current read began
+        self._head_line = 0  # bytes of the head line being read, as far as the reads so far show
         self._read = b""  # the current read
         self._overhead = 0  # bytes of the chunked body since its last data: chunk lines, trailers
         self._http11 = True
@@ -174,10 +176,13 @@ class _Connection(asyncio.Protocol):
         body_bytes = self._body_bytes
         self._carried, self._read = self._chunk_line, data
         self._chunk_line_began = False
+        phase, serial = self._phase, self._serial
         try:
             self._meter.read(data)
             self._feed(data)
             self._meter.after(data)
+            if self._phase == 1 and self._reading:
+                self._count_head_line(data, phase, serial)
             if self._chunked and self._reading:
                 if self._body_bytes == body_bytes:
                     self._overhead += len(data)
@@ -299,6 +304,23 @@ class _Connection(asyncio.Protocol):
         self._server.buffered_body_bytes -= self._body_bytes
         self._body_bytes = 0
         self._body = []
+
+    def _count_head_line(self, data: bytes, phase: int, serial: int) -> None:
+        """Bound the head line being read as it arrives, not once it is whole: httptools grows a header's
+        name and value by concatenation, each read copying what came before (quadratic in a line cut
+        fine). Linear: only this read is scanned. A head that began in this read after another request
+        ended in it is not counted until its next read (the line's start is not known)."""
+        if phase == 1 and serial == self._serial:  # the whole read is this head's
+            line = self._head_line
+        elif phase == 0 and serial + 1 == self._serial:  # the read began between requests, with this one
+            line = 0
+        else:
+            self._head_line = 0
+            return
+        end = data.rfind(b"\n")
+        self._head_line = line + len(data) if end < 0 else len(data) - end - 1
+        if self._head_line > MAX_LINE_BYTES + 2:
+            raise _Refusal(431, f"a request head line longer than {MAX_LINE_BYTES} bytes")
 
     def _count_chunk_line(self, data: bytes) -> None:
         """Bound the chunk-size line being read (llhttp takes any number of leading zeros and any length of
