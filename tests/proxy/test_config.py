@@ -24,6 +24,13 @@ from tests.proxy.conftest import CAL
         ("max_probe_bytes", -1),
         ("engine_api_key", "key\r\nX-Injected: 1"),  # it would add a header to every engine request
         ("engine_api_key", "key\x00"),
+        ("head_timeout_s", 0.0),
+        ("body_timeout_s", -1.0),
+        ("body_min_rate_bytes_s", 0.0),
+        ("keepalive_timeout_s", 0.0),
+        ("max_client_connections", 0),
+        ("max_body_bytes", 0),
+        ("max_buffered_body_bytes", 0),
     ],
 )
 def test_bad_settings_are_refused_by_name(field: str, value: Any) -> None:

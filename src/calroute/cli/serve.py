@@ -86,6 +86,37 @@ def serve(
             min=1024, help="largest /metrics or /health answer (4 MiB); a larger one fails the poll"
         ),
     ] = MAX_PROBE_BYTES,
+    # ---- client limits (docs/proxy.md, "Client limits") ----
+    head_timeout_s: Annotated[
+        float,
+        typer.Option(min=0.001, help="seconds from a request's first byte to the end of its head (408)"),
+    ] = 10.0,
+    body_timeout_s: Annotated[
+        float,
+        typer.Option(
+            min=0.001,
+            help="seconds a request body may take, at least (408); longer at --body-min-rate-bytes-s",
+        ),
+    ] = 10.0,
+    body_min_rate_bytes_s: Annotated[
+        float,
+        typer.Option(min=1.0, help="a body gets max(--body-timeout-s, its bytes / this rate) to arrive"),
+    ] = 64 * 1024,
+    keepalive_timeout_s: Annotated[
+        float, typer.Option(min=0.001, help="seconds an idle client connection stays open")
+    ] = 75.0,
+    max_client_connections: Annotated[
+        int, typer.Option(min=1, help="client connections open at once; past it a new one gets 503")
+    ] = 1024,
+    max_body_bytes: Annotated[int, typer.Option(min=1, help="bytes of one request's body (413)")] = 8
+    * 1024
+    * 1024,
+    max_buffered_body_bytes: Annotated[
+        int,
+        typer.Option(
+            min=1, help="bytes of request bodies being read, all connections together (503 past it)"
+        ),
+    ] = 64 * 1024 * 1024,
 ) -> None:
     """Route OpenAI-compatible requests to a vLLM prefill/decode cluster with the chosen policy.
 
@@ -125,6 +156,13 @@ def serve(
                 max_answer_bytes=max_answer_bytes,
                 max_event_bytes=max_event_bytes,
                 max_probe_bytes=max_probe_bytes,
+                head_timeout_s=head_timeout_s,
+                body_timeout_s=body_timeout_s,
+                body_min_rate_bytes_s=body_min_rate_bytes_s,
+                keepalive_timeout_s=keepalive_timeout_s,
+                max_client_connections=max_client_connections,
+                max_body_bytes=max_body_bytes,
+                max_buffered_body_bytes=max_buffered_body_bytes,
                 admin_token=os.environ.get("CALROUTE_ADMIN_TOKEN") or None,
                 engine_api_key=os.environ.get("CALROUTE_ENGINE_API_KEY") or None,
             )

@@ -20,7 +20,7 @@ from calroute.proxy.engine_client import EngineClient
 from calroute.proxy.generate import Generation
 from calroute.proxy.http.client import Endpoint
 from calroute.proxy.http.messages import Request, Response, json_response
-from calroute.proxy.http.server import Server
+from calroute.proxy.http.server import Limits, Server
 from calroute.proxy.looplag import LoopLag
 from calroute.proxy.metrics import ProxyMetrics
 from calroute.proxy.prompt_length import PromptLength
@@ -104,6 +104,14 @@ class Proxy:
                 ("POST", "/admin/policy"): self._set_policy,
             },
             cfg.max_body_bytes,
+            Limits(
+                head_timeout_s=cfg.head_timeout_s,
+                body_timeout_s=cfg.body_timeout_s,
+                body_min_rate_bytes_s=cfg.body_min_rate_bytes_s,
+                keepalive_s=cfg.keepalive_timeout_s,
+                max_connections=cfg.max_client_connections,
+                max_buffered_body_bytes=cfg.max_buffered_body_bytes,
+            ),
         )
 
     def now(self) -> float:

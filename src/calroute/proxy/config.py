@@ -59,6 +59,13 @@ class ProxyConfig:
     online_calibration: bool = False  # refit tau_pre / tau_dec from routed requests (costmodel/online.py)
     admin_token: str | None = None  # from CALROUTE_ADMIN_TOKEN; None disables the admin endpoints
     engine_api_key: str | None = None  # from CALROUTE_ENGINE_API_KEY; sent to engines, never logged
+    # ---- client limits (proxy/http/server.py Limits; docs/proxy.md compares them with uvicorn's, Envoy's)
+    head_timeout_s: float = 10.0  # a request's first byte to the end of its head: else 408
+    body_timeout_s: float = 10.0  # a body gets max(this, its bytes / body_min_rate_bytes_s): else 408
+    body_min_rate_bytes_s: float = 64 * 1024
+    keepalive_timeout_s: float = 75.0  # an idle client connection is closed after this
+    max_client_connections: int = 1024  # past it a new connection gets 503 and is closed
+    max_buffered_body_bytes: int = 64 * 1024 * 1024  # bodies being read, all together: past it 503
 
     def __post_init__(self) -> None:
         if self.predictor_noise < 0:
@@ -74,3 +81,9 @@ class ProxyConfig:
         for name in ("max_answer_bytes", "max_probe_bytes", "max_event_bytes"):
             if getattr(self, name) < 1024:
                 raise ConfigError(f"{name} must be at least 1024, got {getattr(self, name)}")
+        for name in ("head_timeout_s", "body_timeout_s", "body_min_rate_bytes_s", "keepalive_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("max_body_bytes", "max_client_connections", "max_buffered_body_bytes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
