@@ -14,6 +14,7 @@ import logging
 import random
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -38,6 +39,8 @@ class Faults:
     slowdown: float = 1.0  # every iteration takes this many times longer
     refuse_kv_pulls: bool = False  # the prefill side refuses decode engines' pulls
     metrics_down: bool = False  # /metrics answers 503 while generation keeps working
+    bad_answer_rate: float = 0.0  # fraction of generation requests answered badly, as bad_answer says
+    bad_answer: str = "oversized"  # one of BAD_ANSWERS
 
     def validate(self) -> None:
         if not 0.0 <= self.error_rate <= 1.0:
@@ -48,6 +51,81 @@ class Faults:
             )
         if self.slowdown < 1.0:
             raise api.ApiError(400, f"slowdown must be >= 1, got {self.slowdown}", "slowdown")
+        if isinstance(self.bad_answer_rate, bool) or not isinstance(self.bad_answer_rate, (int, float)):
+            raise api.ApiError(400, "bad_answer_rate must be a number", "bad_answer_rate")
+        if not 0.0 <= self.bad_answer_rate <= 1.0:
+            raise api.ApiError(
+                400, f"bad_answer_rate must be in [0, 1], got {self.bad_answer_rate}", "bad_answer_rate"
+            )
+        if self.bad_answer not in BAD_ANSWERS:
+            raise api.ApiError(
+                400,
+                f"bad_answer must be one of {', '.join(BAD_ANSWERS)}, got {self.bad_answer!r}",
+                "bad_answer",
+            )
+
+
+# The bad_answer fault's kinds. Sizes: well over the proxy's caps (ProxyConfig.max_answer_bytes, 16 MiB, for
+# a whole answer; max_event_bytes, 1 MiB, for one SSE event), written a piece at a time.
+BAD_ANSWERS = ("oversized", "malformed", "not_json")
+OVERSIZED_BODY_BYTES = 32 * 1024 * 1024  # a non-stream answer's JSON body
+OVERSIZED_EVENT_BYTES = 4 * 1024 * 1024  # a stream's first SSE event, with no blank line
+MALFORMED_SENT_BYTES = 100  # of a Content-Length twice as large, then a close
+_PIECE = b"x" * (256 * 1024)
+NOT_JSON_BODY = b"<html><body><h1>502 Bad Gateway</h1></body></html>\n"
+
+
+async def bad_answer(request: web.Request, kind: str, stream: bool) -> web.StreamResponse:
+    """Answer a generation request as the bad_answer fault says, at the socket level:
+
+    - oversized: a 200 whose body (JSON, Content-Length OVERSIZED_BODY_BYTES) or first SSE event (``data:
+      `` then OVERSIZED_EVENT_BYTES with no line break, then the end of the stream) is far over the proxy's
+      caps; written in 256 KiB pieces, each once the last has drained, so the emulator holds none whole;
+    - malformed: broken framing, then a close: a stream's chunked body starts with a chunk size that is no
+      hex number; a JSON answer announces a Content-Length twice what it sends;
+    - not_json: a 200 with the Content-Type the client expects and an HTML body (not JSON, nor SSE).
+    """
+    transport = request.transport
+    if kind == "oversized":
+        if stream:
+            resp = web.StreamResponse(
+                headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+            )
+            await resp.prepare(request)
+            await resp.write(b"data: ")
+            total = OVERSIZED_EVENT_BYTES
+        else:
+            resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+            resp.content_length = OVERSIZED_BODY_BYTES
+            await resp.prepare(request)
+            head = b'{"id":"cmpl-oversized","pad":"'
+            await resp.write(head)
+            total = OVERSIZED_BODY_BYTES - len(head) - 2
+        for at in range(0, total, len(_PIECE)):
+            await resp.write(_PIECE[: min(len(_PIECE), total - at)])  # write() drains before it returns
+        if not stream:
+            await resp.write(b'"}')
+        await resp.write_eof()
+        return resp
+    if kind == "malformed":
+        if stream:
+            resp = web.StreamResponse(
+                headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+            )
+            resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            if transport is not None:  # past aiohttp's chunk writer: a size line that is no hex number
+                transport.write(b"zz\r\ndata: {}\n\n\r\n")
+        else:
+            resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+            resp.content_length = 2 * MALFORMED_SENT_BYTES
+            await resp.prepare(request)
+            await resp.write(b'{"id":"cmpl-malformed","pad":"'.ljust(MALFORMED_SENT_BYTES, b"x"))
+        if transport is not None:
+            transport.close()  # aiohttp's own end of the response then fails quietly on the closed transport
+        return resp
+    content_type = "text/event-stream" if stream else "application/json"
+    return web.Response(body=NOT_JSON_BODY, headers={"Content-Type": content_type})
 
 
 def _error(e: api.ApiError) -> web.Response:
@@ -75,6 +153,7 @@ class EngineServer:
         self._rng = random.Random(seed)
         self._on_crash = on_crash
         self._handlers: set[asyncio.Task[Any]] = set()
+        self.bad_answers: Counter[str] = Counter({k: 0 for k in BAD_ANSWERS})  # injected, by kind
         self.created = int(time.time())
 
     @property
@@ -135,6 +214,10 @@ class EngineServer:
             status = self.faults.error_status
             kind = "ServiceUnavailableError" if status == 503 else "InternalServerError"
             return _error(api.ApiError(status, f"injected fault: HTTP {status}", None, kind))
+        if self.faults.bad_answer_rate and self._rng.random() < self.faults.bad_answer_rate:
+            kind = self.faults.bad_answer
+            self.bad_answers[kind] += 1
+            return await bad_answer(request, kind, p.stream)
         request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         kv = p.kv_transfer_params or {}
         pull = kv if kv.get("do_remote_prefill") else None
@@ -305,14 +388,19 @@ class EngineServer:
 
     # ---- faults -------------------------------------------------------------------------------------
 
+    def _faults_state(self) -> dict[str, Any]:
+        """The settings, and (read only) the bad answers injected so far by kind."""
+        return {**asdict(self.faults), "injected": {"bad_answer": dict(self.bad_answers)}}
+
     async def _get_faults(self, request: web.Request) -> web.Response:
-        return web.json_response(asdict(self.faults))
+        return web.json_response(self._faults_state())
 
     async def _set_faults(self, request: web.Request) -> web.Response:
         body = await request.json()
         if not isinstance(body, dict):
             return _error(api.ApiError(400, "the request body must be a JSON object"))
         crash = bool(body.pop("crash", False))
+        body.pop("injected", None)  # what GET answered may be posted back: the counts are read only
         try:
             faults = Faults(**{**asdict(self.faults), **body})
             faults.validate()
@@ -324,7 +412,7 @@ class EngineServer:
         self.core.slowdown = faults.slowdown
         if crash and self._on_crash is not None:
             asyncio.get_running_loop().call_soon(self._on_crash, self)
-        return web.json_response(asdict(self.faults))
+        return web.json_response(self._faults_state())
 
     def abort_in_flight(self) -> None:
         """A crash: every open generation request dies without an answer."""
