@@ -151,6 +151,9 @@ class EngineServer:
         self.metrics = EngineMetrics(core, model_name)
         core.observer = self.metrics.observe
         self._rng = random.Random(seed)
+        # The bad_answer fault's own draws: setting it shifts no other fault's, and seed 0's first 25 draws
+        # (every one over 0.2) would leave a short run at rate 0.2 without a single bad answer.
+        self._bad_rng = random.Random(f"{seed}:bad_answer")
         self._on_crash = on_crash
         self._handlers: set[asyncio.Task[Any]] = set()
         self.bad_answers: Counter[str] = Counter({k: 0 for k in BAD_ANSWERS})  # injected, by kind
@@ -214,7 +217,7 @@ class EngineServer:
             status = self.faults.error_status
             kind = "ServiceUnavailableError" if status == 503 else "InternalServerError"
             return _error(api.ApiError(status, f"injected fault: HTTP {status}", None, kind))
-        if self.faults.bad_answer_rate and self._rng.random() < self.faults.bad_answer_rate:
+        if self.faults.bad_answer_rate and self._bad_rng.random() < self.faults.bad_answer_rate:
             kind = self.faults.bad_answer
             self.bad_answers[kind] += 1
             return await bad_answer(request, kind, p.stream)
