@@ -13,17 +13,19 @@ for ``--duration-s``, each a distinct 128-token prompt and 16 output tokens. The
    large-body connections (a body just under the 8 MiB limit, sent but for its last byte, then a stall),
    and sends garbage request heads (random bytes, malformed lines, bad lengths, oversized lines) on fresh
    connections. A connection the proxy closes is opened again, so the counts hold whatever the proxy does.
-   One engine answering with oversized and malformed bodies is part of the issue's attack too, but the
-   emulator has no fault knob for it (``calroute engines emulate``, ``POST /_calroute/faults``: error_rate,
-   error_status, stall, slowdown, refuse_kv_pulls, metrics_down): that part is reported as a TODO, not
-   faked.
+   Meanwhile one decode engine answers badly (the emulator's bad_answer fault, ``POST /_calroute/faults``):
+   BAD_ENGINE_RATE of the generation requests it gets, with ``oversized`` and ``malformed`` answers in
+   turn (switched every BAD_SWITCH_S): a 4 MiB SSE event with no line break, past the proxy's 1 MiB event
+   cap, or a chunked body whose first chunk size is no hex number, then a close. Neither sends a token, so
+   the proxy must retry those requests on another decode engine: none may fail.
 
 Reported: the legitimate requests' p50/p99 TTFT in each phase and the ratio attack / baseline; the proxy's
 RSS (VmRSS, /proc/PID/status) idle, peak per phase, and after the attack; its open descriptors
 (/proc/PID/fd) likewise; the attacker's own counts (connections opened, closed by the proxy, answers by
-status); and lost legitimate requests: every request must end in exactly one record at the client and one
-in the proxy's log (the attack's connections never reach a route, so they add none). Exit status 1 when
-any is lost. ``--time-scale S`` < 1 runs the engines and the arrival schedule S times faster, as in
+status); the bad engine's injected answers by kind and the proxy's engine protocol errors and retries
+(its /metrics); and lost legitimate requests: every request must end in exactly one record at the client
+and one in the proxy's log (the attack's connections never reach a route, so they add none). Exit status 1
+when any is lost. ``--time-scale S`` < 1 runs the engines and the arrival schedule S times faster, as in
 soak.py; the attack lasts as long as the attack phase's schedule either way.
 
 Usage: python benchmarks/attack.py [--duration-s 60] [--rate 5] [--prefill 1 --decode 2] [--time-scale 1]
@@ -42,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -79,11 +82,9 @@ RAMP_S = 3.0  # the attack's connections are open before the attack phase's load
 SETTLE_S = 2.0  # after the attack, before the "after" figures
 SAMPLE_EVERY_S = 0.2
 PROMPT_TOKENS, OUTPUT_TOKENS = 128, 16
-ENGINE_TODO = (
-    "TODO: one engine answering with oversized and malformed bodies is not attacked: the emulator has no "
-    "fault knob for it (POST /_calroute/faults knows error_rate, error_status, stall, slowdown, "
-    "refuse_kv_pulls, metrics_down)"
-)
+BAD_ENGINE_RATE = 0.2  # the share of its generation requests the bad decode engine answers badly
+BAD_ANSWER_KINDS = ("oversized", "malformed")  # in turn
+BAD_SWITCH_S = 1.0
 
 
 # ---- the attacker (its own process: its work does not slow the load generator's loop) ---------------------
@@ -235,6 +236,68 @@ async def attack(port: int, duration_s: float) -> dict[str, int]:
     return dict(sorted(tally.counts.items()))
 
 
+# ---- the bad engine (the emulator's bad_answer fault, switched by a thread of the measuring side) -------
+
+
+def _faults(url: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(
+        f"{url}/_calroute/faults", data=data, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=5.0) as r:
+        out: dict[str, Any] = json.loads(r.read())
+        return out
+
+
+class BadEngine(threading.Thread):
+    """Sets the bad_answer fault on one engine, its kind switched every BAD_SWITCH_S, until stopped; then
+    clears it and keeps the engine's count of injected answers by kind."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.stop_event = threading.Event()
+        self.switches = 0
+        self.errors: list[str] = []
+        self.injected: dict[str, int] = {}
+
+    def run(self) -> None:
+        while True:
+            kind = BAD_ANSWER_KINDS[self.switches % len(BAD_ANSWER_KINDS)]
+            try:
+                _faults(self.url, {"bad_answer_rate": BAD_ENGINE_RATE, "bad_answer": kind})
+                self.switches += 1
+            except (OSError, ValueError) as e:
+                self.errors.append(f"{type(e).__name__}: {e}")
+            if self.stop_event.wait(BAD_SWITCH_S):
+                break
+        try:
+            state = _faults(self.url, {"bad_answer_rate": 0.0})
+            self.injected = {k: v for k, v in state["injected"]["bad_answer"].items() if v}
+        except (OSError, ValueError, KeyError) as e:
+            self.errors.append(f"{type(e).__name__}: {e}")
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.join(timeout=15)
+
+
+def _proxy_counters(url: str) -> dict[str, Any]:
+    """The proxy's engine protocol errors and retries, from its /metrics (label sets as they come)."""
+    wanted = ("calroute_engine_protocol_errors_total", "calroute_retries_total")
+    out: dict[str, Any] = {}
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=5.0) as r:
+            text = r.read().decode()
+    except OSError as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+    for line in text.splitlines():
+        if line.startswith(wanted):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
 # ---- the measuring side ---------------------------------------------------------------------------------
 
 
@@ -332,7 +395,6 @@ def main() -> None:
         print(json.dumps(report))
     else:
         print(json.dumps(report, indent=2))
-        print(ENGINE_TODO, file=sys.stderr)
     if report["lost"]:
         sys.exit(1)
 
@@ -351,6 +413,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     argv += ["--host", "127.0.0.1", "--port", str(port), "--log", str(log)]
     proxy = start_process_group(argv, None, tmp / "proxy.log")
     attacker = None
+    bad = BadEngine(cluster.decode[0].url)
     stop = threading.Event()
     sampler = Sampler(proxy.pid, stop)
     url = f"http://127.0.0.1:{port}"
@@ -373,7 +436,10 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             cwd=here.parents[1],
         )
         time.sleep(RAMP_S)
+        bad.start()
         attacked = _phase(url, specs, cluster.model, log)
+        bad.stop()
+        counters = _proxy_counters(url)
         with contextlib.suppress(Exception):
             attacker.wait(timeout=attack_s + 30)  # it ends by itself at its deadline
         sampler.phase = "after"
@@ -381,6 +447,8 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         after_rss, after_fds = sampler.sample()
     finally:
         stop.set()
+        if bad.is_alive():
+            bad.stop()
         for p in (attacker, proxy, *launched.procs):
             if p is not None:
                 stop_process_group(p.pid)
@@ -403,7 +471,12 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             "large_body_connections": LARGE_BODIES,
             "large_body_bytes": LARGE_BODY_BYTES,
             "garbage_workers": GARBAGE_WORKERS,
-            "engine_oversized_malformed_bodies": ENGINE_TODO,
+            "bad_engine": {
+                "engine": cluster.decode[0].id,
+                "bad_answer_rate": BAD_ENGINE_RATE,
+                "bad_answer": list(BAD_ANSWER_KINDS),
+                "switch_s": BAD_SWITCH_S,
+            },
         },
         "baseline": baseline,
         "under_attack": attacked,
@@ -421,6 +494,12 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             "after": after_fds,
         },
         "attacker": attacker_counts,
+        "bad_engine": {
+            "injected": bad.injected,
+            "switches": bad.switches,
+            **({"errors": bad.errors[:5]} if bad.errors else {}),
+            "proxy": counters,
+        },
         "lost": baseline["lost"] + attacked["lost"],
     }
 
