@@ -21,7 +21,7 @@ listed here (tests/test_errors.py checks both).
     a line, never sent); FramingError (framing.py, also a ValueError: bytes that are not HTTP/1.1
     framing); ClosedEarly (connection.py, also an EOFError: closed before a whole head), _Beyond
     (connection.py: bytes after the end of an answer); HeadTooLarge (head.py, also a ValueError);
-    _Refusal (server.py: a request answered with an error, after which the connection reads nothing);
+    _Refusal (reader.py: a request answered with an error, after which the connection reads nothing);
     ScrapeError (scrape.py: a /metrics or /health poll that got no usable answer)
 
 The stdlib bases kept beside CalrouteError are the ones callers catch (ValueError for bad values, the

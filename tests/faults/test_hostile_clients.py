@@ -1,6 +1,6 @@
 """Hostile clients against the whole proxy on 127.0.0.1 (fake engines behind it, tests/proxy/fakes.py): heads
 and bodies trickled or stalled, more connections than the cap, big bodies that never end, a half-close.
-Every one is bounded by a limit of the proxy's server (proxy/http/server.py Limits), short here so that each
+Every one is bounded by a limit of the proxy's server (proxy/http/reader.py Limits), short here so that each
 test takes a few seconds; what they held (connections, file descriptors, memory) is let go after."""
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ class ProxyConfig:
     online_calibration: bool = False  # refit tau_pre / tau_dec from routed requests (costmodel/online.py)
     admin_token: str | None = None  # from CALROUTE_ADMIN_TOKEN; None disables the admin endpoints
     engine_api_key: str | None = None  # from CALROUTE_ENGINE_API_KEY; sent to engines, never logged
-    # ---- client limits (proxy/http/server.py Limits; docs/proxy.md compares them with uvicorn's, Envoy's)
+    # ---- client limits (proxy/http/reader.py Limits; docs/proxy.md compares them with uvicorn's, Envoy's)
     head_timeout_s: float = 10.0  # a request's first byte to the end of its head: else 408
     body_timeout_s: float = 10.0  # a body gets max(this, its bytes / body_min_rate_bytes_s): else 408
     body_min_rate_bytes_s: float = 64 * 1024

@@ -2,7 +2,7 @@
 
 The proxy writes chunked bodies in two places, a handler's Stream (server.py) and the SSE relay, which
 writes to the client's transport from the engine connection's data callback (relay.py): both frame with
-``chunk``. Reading framing is httptools' (server.py, connection.py).
+``chunk``. Reading framing is httptools' (reader.py, connection.py).
 """
 
 from __future__ import annotations
