@@ -19,8 +19,9 @@ connection answers in order. Every limit on a request as it is read is here. Wha
   bytes arrive (head.HeadMeter); a malformed head (bare-LF line endings, control bytes, a bad chunk size)
   400; an HTTP/1.1 request without a Host header, with two, or an HTTP/1.0 one with Transfer-Encoding 400
   (RFC 9112 3.2, 6.1: llhttp lets them through); a chunk-size line over MAX_LINE_BYTES 400 (llhttp takes
-  any number of leading zeros); a version other than 1.0 and 1.1 505; a Transfer-Encoding other than
-  chunked 501. A refusal ends the reading: nothing after it is parsed.
+  any number of leading zeros); a version other than 1.0 and 1.1, or a Transfer-Encoding other than
+  chunked, 400 too: RFC 9112 suggests 505 and 501, but bad input gets a 4xx here (docs/faults.md), as
+  uvicorn, vLLM's server, answers them. A refusal ends the reading: nothing after it is parsed.
 - An Upgrade request is read as a plain request (the server never switches protocols), unless it has a
   body (400).
 
@@ -76,7 +77,7 @@ def _unreadable(e: httptools.HttpParserError) -> _Refusal:
     """llhttp's reason for not reading a request, as the answer to it."""
     reason = str(e)
     if reason == "Invalid HTTP version":
-        return _Refusal(505, f"unsupported version: {reason}")
+        return _Refusal(400, f"unsupported version: {reason}")
     if isinstance(e, httptools.HttpParserInvalidMethodError | httptools.HttpParserInvalidURLError):
         return _Refusal(400, f"malformed request line: {reason}")
     return _Refusal(400, f"malformed request head: {reason}")
@@ -324,7 +325,7 @@ class RequestReader:
         parser, headers = self._parser, self._headers
         version = parser.get_http_version()
         if version != "1.1" and version != "1.0":
-            raise _Refusal(505, f"unsupported version HTTP/{version}")
+            raise _Refusal(400, f"unsupported version HTTP/{version}")
         if not self._url.startswith(b"/"):
             raise _Refusal(400, f"malformed request line: target {bytes(self._url[:80])!r} is not a path")
         if version == "1.1" and "host" not in headers:
@@ -333,7 +334,7 @@ class RequestReader:
         if coding is not None and version == "1.0":
             raise _Refusal(400, "Transfer-Encoding on an HTTP/1.0 request")
         if coding is not None and coding.lower() != "chunked":
-            raise _Refusal(501, f"unsupported Transfer-Encoding {coding[:40]!r}")
+            raise _Refusal(400, f"unsupported Transfer-Encoding {coding[:40]!r}")
         length = headers.get("content-length")
         self._length = 0 if length is None else int(length)
         if self._length > self._max_body:

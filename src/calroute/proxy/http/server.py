@@ -16,7 +16,7 @@ server"). This file is the connection's life and its answers; what it guarantees
   so that a client that left still cancels its handler, an HTTP/1.1 client whose answer has not begun gets
   a 100 Continue at once, which a closed socket answers with a reset, looked for every EOF_PROBE_S.
 - ``Expect: 100-continue`` answered once the request is next in line.
-- A request the reader refuses (reader.py: 400, 408, 413, 431, 501, 503, 505) ends the connection: it is
+- A request the reader refuses (reader.py: 400, 408, 413, 431, 503) ends the connection: it is
   answered in its turn, then what the client still sends is read and dropped for LINGER_S, so that a close
   does not reset the answer away. An unknown route gets 404, a wrong method 405. All with JSON bodies in
   OpenAI's error shape (``json_error``).
