@@ -20,8 +20,9 @@ connection answers in order. Every limit on a request as it is read is here. Wha
   400; an HTTP/1.1 request without a Host header, with two, or an HTTP/1.0 one with Transfer-Encoding 400
   (RFC 9112 3.2, 6.1: llhttp lets them through); a chunk-size line over MAX_LINE_BYTES 400 (llhttp takes
   any number of leading zeros); a version other than 1.0 and 1.1, or a Transfer-Encoding other than
-  chunked, 400 too: RFC 9112 suggests 505 and 501, but bad input gets a 4xx here (docs/faults.md), as
-  uvicorn, vLLM's server, answers them. A refusal ends the reading: nothing after it is parsed.
+  chunked, 400 too: RFC 9112 suggests 505 and 501, but bad input gets a 4xx here (docs/faults.md); uvicorn,
+  vLLM's server, answers any request its parser cannot read with 400. A refusal ends the reading:
+  nothing after it is parsed.
 - An Upgrade request is read as a plain request (the server never switches protocols), unless it has a
   body (400).
 
