@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import signal
@@ -21,7 +20,6 @@ from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile
 from calroute.engines.cluster import ClusterFile
 from calroute.engines.procs import process_group_alive, stop_process_group
 from calroute.experiments import get_experiment
-from calroute.proxy.config import ProxyConfig
 from calroute.results.records import read_records
 
 TRACES = Path(__file__).resolve().parents[2] / "data" / "traces"
@@ -338,74 +336,3 @@ def test_sigterm_stops_every_process_a_live_experiment_started(tmp_path: Path, s
                     stop_process_group(os.getpgid(int(line.split()[1].rstrip(":"))), timeout_s=1.0)
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
-
-
-@pytest.mark.parametrize(
-    ("interval", "code", "want"),
-    [("0.5", 0, 0.5), (None, 0, 0.05), ("0", 2, "--poll-interval"), ("-1", 2, "--poll-interval")],
-)
-def test_serve_poll_interval_reaches_the_proxy_or_is_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, interval: str | None, code: int, want: float | str
-) -> None:
-    from tests.conftest import unreachable_cluster
-
-    cluster = tmp_path / "cluster.yaml"
-    unreachable_cluster(1, 1).save(cluster)
-    seen: list[float] = []
-
-    class FakeProxy:
-        def __init__(self, cfg: ProxyConfig) -> None:
-            seen.append(cfg.poll_interval_s)
-
-        async def start(self, host: str, port: int) -> int:
-            return port
-
-        async def stop(self) -> None:
-            pass
-
-    monkeypatch.setattr("calroute.proxy.app.Proxy", FakeProxy)
-    monkeypatch.setattr("calroute.aio.run_until_signalled", lambda *a, **kw: None)
-    argv = ["serve", "--cluster", str(cluster)] + ([] if interval is None else ["--poll-interval", interval])
-    exit_code, _, stderr = invoke(*argv)
-    assert exit_code == code, stderr
-    if code == 0:
-        assert seen == [want]
-    else:
-        assert seen == [] and str(want) in stderr
-
-
-@pytest.mark.parametrize(
-    ("timeout", "code", "want"),
-    [("10", 0, 10.0), (None, 0, 60.0), ("0", 2, "--stall-timeout"), ("-1", 2, "--stall-timeout")],
-)
-def test_serve_stall_timeout_reaches_the_proxy_or_is_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timeout: str | None, code: int, want: float | str
-) -> None:
-    from tests.conftest import unreachable_cluster
-
-    cluster = tmp_path / "cluster.yaml"
-    unreachable_cluster(1, 1).save(cluster)
-    seen: list[float] = []
-
-    class FakeProxy:
-        def __init__(self, cfg: ProxyConfig) -> None:
-            seen.append(cfg.stall_timeout_s)
-
-        async def start(self, host: str, port: int) -> int:
-            return port
-
-        async def stop(self) -> None:
-            pass
-
-    monkeypatch.setattr("calroute.proxy.app.Proxy", FakeProxy)
-    monkeypatch.setattr("calroute.aio.run_until_signalled", lambda *a, **kw: None)
-    argv = ["serve", "--cluster", str(cluster)] + ([] if timeout is None else ["--stall-timeout", timeout])
-    exit_code, _, stderr = invoke(*argv)
-    assert exit_code == code, stderr
-    if code == 0:
-        assert seen == [want]
-        if timeout is None:  # serve's default is the proxy's own
-            (default,) = (f.default for f in dataclasses.fields(ProxyConfig) if f.name == "stall_timeout_s")
-            assert want == default
-    else:
-        assert seen == [] and str(want) in stderr
