@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -41,6 +42,27 @@ records = st.builds(
 )
 
 
+def record(**fields: Any) -> RequestRecord:
+    """A loose request that never reached an engine, but for ``fields``."""
+    base: dict[str, Any] = dict(
+        request_id="a",
+        slo_class=SloClass.LOOSE,
+        prompt_tokens=1,
+        target_output_tokens=1,
+        predicted_output_tokens=1,
+        output_tokens=1,
+        policy="p",
+        prefill_id=None,
+        decode_id=None,
+        arrival_s=0.0,
+        prefill_done_s=None,
+        first_token_s=None,
+        last_token_s=None,
+        status=RequestStatus.OK,
+    )
+    return RequestRecord(**{**base, **fields})
+
+
 @given(records)
 def test_round_trip(rec: RequestRecord) -> None:
     line = record_to_json(rec)
@@ -49,21 +71,18 @@ def test_round_trip(rec: RequestRecord) -> None:
 
 
 def test_derived_latencies() -> None:
-    rec = RequestRecord(
-        request_id="a",
+    rec = record(
         slo_class=SloClass.TIGHT,
         prompt_tokens=10,
         target_output_tokens=5,
         predicted_output_tokens=5,
         output_tokens=5,
-        policy="p",
         prefill_id="prefill-0",
         decode_id="decode-0",
         arrival_s=1.0,
         prefill_done_s=1.1,
         first_token_s=1.2,
         last_token_s=1.6,
-        status=RequestStatus.OK,
     )
     assert rec.ttft_s == pytest.approx(0.2)
     assert rec.tpot_s == pytest.approx(0.1)
@@ -73,23 +92,8 @@ def test_derived_latencies() -> None:
 
 def test_writer_and_reader(tmp_path: Path) -> None:
     recs = [
-        RequestRecord(
-            request_id=f"r{i}",
-            slo_class=SloClass.LOOSE,
-            prompt_tokens=1,
-            target_output_tokens=1,
-            predicted_output_tokens=1,
-            output_tokens=1,
-            policy="p",
-            prefill_id=None,
-            decode_id=None,
-            arrival_s=float(i),
-            prefill_done_s=None,
-            first_token_s=None,
-            last_token_s=None,
-            status=RequestStatus.REJECTED,
-            error="x",
-        )
+        record(request_id=f"r{i}", arrival_s=float(i), status=RequestStatus.REJECTED, error="x")
+        for i in range(5)
         for i in range(5)
     ]
     path = tmp_path / "r.jsonl"
@@ -107,24 +111,7 @@ def test_writer_and_reader(tmp_path: Path) -> None:
         ("not json", "bad request record"),
         ('{"request_id": "a"}', "missing fields"),
         (
-            record_to_json(
-                RequestRecord(
-                    request_id="a",
-                    slo_class=SloClass.LOOSE,
-                    prompt_tokens=1,
-                    target_output_tokens=1,
-                    predicted_output_tokens=1,
-                    output_tokens=1,
-                    policy="p",
-                    prefill_id=None,
-                    decode_id=None,
-                    arrival_s=0.0,
-                    prefill_done_s=None,
-                    first_token_s=None,
-                    last_token_s=None,
-                    status=RequestStatus.OK,
-                )
-            ).replace('"ok"', '"weird"'),
+            record_to_json(record()).replace('"ok"', '"weird"'),
             "weird",
         ),
     ],
