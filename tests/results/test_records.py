@@ -94,7 +94,6 @@ def test_writer_and_reader(tmp_path: Path) -> None:
     recs = [
         record(request_id=f"r{i}", arrival_s=float(i), status=RequestStatus.REJECTED, error="x")
         for i in range(5)
-        for i in range(5)
     ]
     path = tmp_path / "r.jsonl"
     with path.open("w") as f:
