@@ -26,14 +26,26 @@ class Role(StrEnum):
     DECODE = "decode"
 
 
+# The unit of prompt reuse in workloads: Mooncake's trace names its prompts in blocks of 512 tokens, and
+# the synthetic prefix families use the same. vLLM caches in smaller blocks (16 tokens), which divide 512.
+PREFIX_BLOCK_TOKENS: Final = 512
+
+
 class RequestSpec(NamedTuple):
-    """One request of a workload. Carries the true output length: never hand it to a policy."""
+    """One request of a workload. Carries the true output length: never hand it to a policy.
+
+    ``prefix_blocks`` names the prompt's leading full blocks of PREFIX_BLOCK_TOKENS tokens. An id stands for
+    its block *and everything before it* (Mooncake's ``hash_ids``), so two prompts share a prefix of k
+    blocks exactly when their first k ids are equal. The tokens past the last named block are the prompt's
+    own. Empty: the prompt shares nothing (the paper's families, traces without block ids).
+    """
 
     request_id: str
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
     slo_class: SloClass
+    prefix_blocks: tuple[int, ...] = ()
 
 
 class SlottedValue:
@@ -80,8 +92,10 @@ class InstanceState(SlottedValue):
     """One engine as a policy sees it at decision time.
 
     ``in_flight``, ``backlog_s`` and ``kv_committed_tokens`` come from the in-flight ledger (the router's own
-    bookkeeping, fresh). ``kv_used_tokens``, ``running`` and ``waiting`` come from the engine's metrics,
-    sampled periodically, so they may be up to one sampling period old (``metrics_age_s``).
+    bookkeeping, fresh). ``cached_tokens`` is about the request being routed: how many of its prompt tokens
+    the router's prefix index expects this engine to hold already (0 without prefix information).
+    ``kv_used_tokens``, ``running`` and ``waiting`` come from the engine's metrics, sampled periodically, so
+    they may be up to one sampling period old (``metrics_age_s``).
     """
 
     _fields = (
@@ -96,6 +110,7 @@ class InstanceState(SlottedValue):
         "running",
         "waiting",
         "metrics_age_s",
+        "cached_tokens",
     )
     __slots__ = _fields
 
@@ -112,6 +127,7 @@ class InstanceState(SlottedValue):
         running: int,
         waiting: int,
         metrics_age_s: float,
+        cached_tokens: int = 0,
     ) -> None:
         self.instance_id: Final = instance_id
         self.role: Final = role
@@ -124,6 +140,7 @@ class InstanceState(SlottedValue):
         self.running: Final = running
         self.waiting: Final = waiting
         self.metrics_age_s: Final = metrics_age_s
+        self.cached_tokens: Final = cached_tokens
 
 
 class ClusterView(SlottedValue):

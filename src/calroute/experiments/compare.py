@@ -15,9 +15,10 @@ from calroute.results.metrics import RunSink, RunSummary, SummaryAccumulator
 from calroute.results.records import RecordWriter
 from calroute.routing.build import build_router
 from calroute.routing.ledger import Ledger
+from calroute.routing.prefix_index import PrefixIndex
 from calroute.routing.seeds import RouterSeeds
 from calroute.sim.simulator import ClusterShape, ClusterSim, SimStats
-from calroute.types import RequestSpec
+from calroute.types import PREFIX_BLOCK_TOKENS, RequestSpec
 from calroute.workload.source import WorkloadSource
 
 
@@ -56,15 +57,19 @@ def simulate_run(
 ) -> RunResult:
     """One simulated run. With ``records_path``, every record is streamed to that JSONL file; ``label``
     names the run in its records (default: the policy)."""
+    instances = setup.shape.instances(setup.profile.limits.kv_capacity_tokens)
+    # Only prompts with block ids can hit; without any, the index would answer nothing, at a cost.
+    prefix = PrefixIndex(instances, PREFIX_BLOCK_TOKENS) if any(r.prefix_blocks for r in requests) else None
     router = build_router(
         policy,
         setup.policy_params.get(policy, {}),
         setup.router_calibration,
-        Ledger(setup.shape.instances(setup.profile.limits.kv_capacity_tokens), setup.router_calibration),
+        Ledger(instances, setup.router_calibration),
         seeds=RouterSeeds.of_run(seed),
         predictor=setup.predictor,
         predictor_noise=setup.predictor_noise,
         online_calibration=setup.online_calibration,
+        prefix=prefix,
     )
     sim = ClusterSim(setup.profile, setup.shape, router, label or policy, setup.sample_interval_s)
     acc = SummaryAccumulator(setup.profile.calibration.slo)

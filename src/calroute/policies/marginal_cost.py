@@ -35,10 +35,19 @@ rho = 1 a full KV cache doubles the price, where the calibrated A40 curve adds a
 costs nothing however many there are. So the KV price balances tokens and not streams, and
 each stream on an engine delays a new request's first token.
 
+Prefix reuse (calroute's fifth admission-time feature, docs/prefix.md): a prompt's tokens that an engine
+already holds are prefill seconds not spent there. ``cached(p)`` is the router's prefix index's count for
+the request at p, so the prefill price and the co-batch term count only ``prompt - cached(p)`` tokens, and
+the backlog they are weighed against is the ledger's, also in computed tokens. On the decode side the
+NixlConnector pulls only the blocks the decode engine does not hold, so each decode candidate is also
+charged ``sigma * w_s * transfer_s(prompt - cached(d))`` from the calibrated transfer model (a constant
+across candidates when none holds anything, so it moves nothing then).
+
 Feature switches remove one admission-time feature at a time (the paper's ablation, section V-G):
 use_output_length=False prices every request at ``fallback_output_tokens``; use_kv_pressure=False drops the
 (1 + rho * press) factor; use_slo=False sets sigma to 1 for every class; use_prompt_length=False drops the
-prompt from the prefill price and from the KV footprint.
+prompt from the prefill price and from the KV footprint; use_prefix_cache=False prices every prompt as if
+computed from scratch (the paper's router).
 """
 
 from __future__ import annotations
@@ -67,6 +76,7 @@ class Params:
     use_kv_pressure: bool = True
     use_slo: bool = True
     use_prompt_length: bool = True
+    use_prefix_cache: bool = True
     fallback_output_tokens: int = 256  # the price of every request when output length is not used
     # Price decode with the calibrated step curve after admission instead of tau_dec x (1 + rho x press):
     # see the module docstring.
@@ -92,6 +102,7 @@ class MarginalCost:
         self.tau_pre_s = calibration.tau_pre_s
         self.tau_dec_s = calibration.tau_dec_s
         self.step = calibration.decode
+        self.transfer_s = calibration.transfer_s
 
     def route(self, adm: Admission, view: ClusterView) -> RouteDecision:
         # Params read into locals, and plain loops: a generator or comprehension would turn those locals into
@@ -109,12 +120,22 @@ class MarginalCost:
         rho = pr.rho if pr.use_kv_pressure else 0.0
         w_b, w_b_dec, w_q = pr.w_b, pr.w_b_dec, pr.w_q
 
-        own_pre_s = pr.w_s * prompt * self.tau_pre_s
-        per_queued_s = w_q + pr.w_cobatch * prompt * self.tau_pre_s
+        tau_pre_s = self.tau_pre_s
+        prefix = pr.use_prefix_cache
         costs = []
         for s in pre:
+            compute = prompt - s.cached_tokens if prefix and s.cached_tokens else prompt
+            if compute < 0:
+                compute = 0
+            own_pre_s = pr.w_s * compute * tau_pre_s
+            per_queued_s = w_q + pr.w_cobatch * compute * tau_pre_s
             costs.append(sigma * (w_b * s.backlog_s + own_pre_s) + per_queued_s * s.in_flight)
         pre_costs = tuple(costs)
+        pull = False
+        if prefix:
+            for s in dec:
+                if s.cached_tokens:
+                    pull = True
         own_dec_s = pr.w_s * o_hat * self.tau_dec_s
         footprint = prompt + o_hat
         costs = []
@@ -127,18 +148,29 @@ class MarginalCost:
                 step_s = base_s + per_seq_s * (s.in_flight + 1) + per_ctx_s * kv
                 over = kv - s.kv_capacity_tokens
                 cliff = rho * over / s.kv_capacity_tokens if over > 0 else 0.0
-                costs.append(
+                cost = (
                     sigma * (w_b_dec * s.backlog_s + own_tokens * step_s * (1.0 + cliff)) + w_q * s.in_flight
                 )
+                if pull:
+                    cost += sigma * pr.w_s * self._pull_s(prompt, s.cached_tokens)
+                costs.append(cost)
         else:
             for s in dec:
                 used, committed = s.kv_used_tokens, s.kv_committed_tokens
                 kv = (committed if committed > used else used) + footprint
-                costs.append(
+                cost = (
                     sigma * (w_b_dec * s.backlog_s + own_dec_s * (1.0 + rho * kv / s.kv_capacity_tokens))
                     + w_q * s.in_flight
                 )
+                if pull:
+                    cost += sigma * pr.w_s * self._pull_s(prompt, s.cached_tokens)
+                costs.append(cost)
         dec_costs = tuple(costs)
         p = argmin_rotating(pre_costs, view.seq)
         d = argmin_rotating(dec_costs, view.seq)
         return RouteDecision(pre[p].instance_id, dec[d].instance_id, pre_costs, dec_costs)
+
+    def _pull_s(self, prompt_tokens: int, cached_tokens: int) -> float:
+        """Seconds to pull the prompt's KV blocks that the decode engine does not hold."""
+        left = prompt_tokens - cached_tokens
+        return self.transfer_s(left) if left > 0 else 0.0

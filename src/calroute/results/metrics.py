@@ -1,7 +1,8 @@
 """Goodput and latency summaries over request records (the same for simulated and live runs).
 
 A request is good when it completed and met both targets of its SLO class (TTFT and TPOT). Goodput is
-good requests over all requests offered (rejected and failed ones count against it), a fraction.
+good requests over all requests offered (rejected and failed ones count against it), a fraction. The
+prefix-hit ratio is the share of completed requests' prompt tokens that prefill engines served from cache.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class RunSummary:
     duration_s: float
     good_rps: float
     status_counts: dict[str, int]
+    prefix_hit_ratio: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -58,6 +60,8 @@ class SummaryAccumulator:
         self._ok = 0  # OK counted apart: the common case skips a str() and two dict operations
         self._first_arrival_s = float("inf")
         self._last_event_s = 0.0
+        self._prompt_tokens = 0  # of completed requests
+        self._cached_tokens = 0
 
     def add(self, rec: RequestRecord) -> None:
         self._requests += 1
@@ -76,6 +80,8 @@ class SummaryAccumulator:
         if rec.status is RequestStatus.OK and ttft is not None and tpot is not None:
             self._ttft.append(ttft)
             self._tpot.append(tpot)
+            self._prompt_tokens += rec.prompt_tokens
+            self._cached_tokens += rec.cached_tokens
             self._good += is_good(rec, self.slo)
 
     def summary(self) -> RunSummary:
@@ -96,6 +102,7 @@ class SummaryAccumulator:
             duration_s=duration,
             good_rps=self._good / duration if duration > 0 else 0.0,
             status_counts=dict(sorted(counts.items())),
+            prefix_hit_ratio=self._cached_tokens / self._prompt_tokens if self._prompt_tokens else 0.0,
         )
 
 

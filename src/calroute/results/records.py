@@ -37,7 +37,10 @@ RECORD_FIELDS: tuple[str, ...] = (
     "last_token_s",
     "status",
     "error",
+    "cached_tokens",
 )
+# Fields that records written before them lack; read as their defaults.
+_LATER_FIELDS: Final = {"cached_tokens": 0}
 
 
 class RequestRecord(SlottedValue):
@@ -65,6 +68,7 @@ class RequestRecord(SlottedValue):
         last_token_s: float | None,
         status: RequestStatus,
         error: str | None = None,
+        cached_tokens: int = 0,  # prompt tokens the prefill engine served from its prefix cache
     ) -> None:
         self.request_id: Final = request_id
         self.slo_class: Final = slo_class
@@ -81,6 +85,7 @@ class RequestRecord(SlottedValue):
         self.last_token_s: Final = last_token_s
         self.status: Final = status
         self.error: Final = error
+        self.cached_tokens: Final = cached_tokens
 
     @property
     def ttft_s(self) -> float | None:
@@ -190,7 +195,7 @@ def _line(rec: RequestRecord, memo: dict[str, str]) -> str:
         f'"decode_id":{"null" if dec is None else _memo_quote(dec, memo)},"arrival_s":{_time(rec.arrival_s)},'
         f'"prefill_done_s":{_time(rec.prefill_done_s)},"first_token_s":{_time(rec.first_token_s)},'
         f'"last_token_s":{_time(rec.last_token_s)},"status":{_status_json(rec.status)},'
-        f'"error":{"null" if err is None else _quote(err)}}}\n'
+        f'"error":{"null" if err is None else _quote(err)},"cached_tokens":{rec.cached_tokens}}}\n'
     )
 
 
@@ -202,7 +207,7 @@ def record_to_json(rec: RequestRecord) -> str:
 def record_from_json(line: str) -> RequestRecord:
     try:
         d = json.loads(line)
-        missing = [f for f in RECORD_FIELDS if f not in d]
+        missing = [f for f in RECORD_FIELDS if f not in d and f not in _LATER_FIELDS]
         if missing:
             raise ConfigError(f"record is missing fields {missing}")
         return RequestRecord(
@@ -221,6 +226,7 @@ def record_from_json(line: str) -> RequestRecord:
             last_token_s=d["last_token_s"],
             status=RequestStatus(d["status"]),
             error=d["error"],
+            cached_tokens=int(d.get("cached_tokens", 0)),
         )
     except (ValueError, TypeError, KeyError) as e:
         raise ConfigError(f"bad request record {line[:200]!r}: {e}") from e

@@ -11,6 +11,7 @@ from calroute.costmodel.online import OnlineCalibrator
 from calroute.costmodel.predictors import make_predictor
 from calroute.policies import make_policy
 from calroute.routing.ledger import Ledger
+from calroute.routing.prefix_index import PrefixIndex
 from calroute.routing.router import OnlineRecalibration, PolicyFactory, Router
 from calroute.routing.seeds import RouterSeeds
 
@@ -28,6 +29,7 @@ def build_router(
     predictor_noise: float = 0.0,
     online_calibration: bool = False,
     policy_factory: PolicyFactory | None = None,
+    prefix: PrefixIndex | None = None,
 ) -> Router:
     """A router pricing with ``calibration``; a ConfigError names a bad policy, parameter or predictor.
 
@@ -44,4 +46,4 @@ def build_router(
     if online_calibration:
         factory = policy_factory or (lambda cal: make_policy(policy, params, cal))
         online = OnlineRecalibration(OnlineCalibrator(calibration), factory)
-    return Router(pol, pred, ledger, online=online)
+    return Router(pol, pred, ledger, online=online, prefix=prefix)

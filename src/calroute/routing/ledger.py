@@ -79,18 +79,26 @@ class _Entry:
         "prefill",
         "decode",
         "prompt_tokens",
+        "prefill_tokens",
         "predicted_output_tokens",
         "phase",
         "first_token_s",
     )
 
     def __init__(
-        self, key: int, prefill: _Book, decode: _Book, prompt_tokens: int, predicted_output_tokens: int
+        self,
+        key: int,
+        prefill: _Book,
+        decode: _Book,
+        prompt_tokens: int,
+        prefill_tokens: int,
+        predicted_output_tokens: int,
     ) -> None:
         self.key = key
         self.prefill = prefill
         self.decode = decode
         self.prompt_tokens = prompt_tokens
+        self.prefill_tokens = prefill_tokens  # the prompt tokens the prefill engine computes (not cached)
         self.predicted_output_tokens = predicted_output_tokens
         self.phase = 0  # 0 prefilling, 1 waiting for first token, 2 decoding
         self.first_token_s = 0.0
@@ -127,19 +135,25 @@ class Ledger:
         prompt_tokens: int,
         predicted_output_tokens: int,
         now_s: float,
+        cached_tokens: int = 0,
     ) -> None:
+        """``cached_tokens``: of the prompt, how many the router expects the prefill engine to hold, so that
+        it computes only the rest. Backlog and observed rates count computed tokens; KV counts the prompt."""
         if request_id in self._entries:
             raise ConfigError(f"request {request_id!r} is already in flight")
         pre = self._books[prefill_id]
         dec = self._books[decode_id]
         self._account_busy(pre, now_s)
         pre.in_flight += 1
-        pre.pending_tokens += prompt_tokens
+        prefill_tokens = prompt_tokens - cached_tokens if cached_tokens < prompt_tokens else 0
+        pre.pending_tokens += prefill_tokens
         pre.kv_committed_tokens += prompt_tokens
         dec.in_flight += 1
         dec.pending_tokens += predicted_output_tokens
         dec.kv_committed_tokens += prompt_tokens + predicted_output_tokens
-        self._entries[request_id] = _Entry(self._next_key, pre, dec, prompt_tokens, predicted_output_tokens)
+        self._entries[request_id] = _Entry(
+            self._next_key, pre, dec, prompt_tokens, prefill_tokens, predicted_output_tokens
+        )
         self._next_key += 1
         self.decisions += 1
 
@@ -150,10 +164,11 @@ class Ledger:
         pre = e.prefill
         self._account_busy(pre, now_s)
         pre.in_flight -= 1
-        pre.pending_tokens -= e.prompt_tokens
-        pre.rate.add(pre.busy_s, e.prompt_tokens)
-        pre.pool_rate.add(pre.busy_s, e.prompt_tokens)
-        pre.busy_s = 0.0
+        pre.pending_tokens -= e.prefill_tokens
+        if e.prefill_tokens > 0:
+            pre.rate.add(pre.busy_s, e.prefill_tokens)
+            pre.pool_rate.add(pre.busy_s, e.prefill_tokens)
+            pre.busy_s = 0.0
         e.phase = 1
 
     def first_token(self, request_id: str, now_s: float) -> None:
@@ -180,7 +195,7 @@ class Ledger:
         if e.phase == 0:
             self._account_busy(pre, now_s)
             pre.in_flight -= 1
-            pre.pending_tokens -= e.prompt_tokens
+            pre.pending_tokens -= e.prefill_tokens
         if e.phase < 2:
             pre.kv_committed_tokens -= e.prompt_tokens
             dec.pending_tokens -= e.predicted_output_tokens
@@ -249,7 +264,7 @@ class Ledger:
         started_s = b.expiry_sum_s - float(len(active)) * now_s if active else 0.0
         return pending_s + started_s if started_s > 0.0 else pending_s  # max(): a generic call compiled
 
-    def _state(self, b: _Book, now_s: float) -> InstanceState:
+    def _state(self, b: _Book, now_s: float, cached_tokens: int = 0) -> InstanceState:
         s = b.spec
         return InstanceState(
             s.instance_id,
@@ -263,14 +278,24 @@ class Ledger:
             b.running,
             b.waiting,
             float("inf") if b.sampled_at_s is None else now_s - b.sampled_at_s,
+            cached_tokens,
         )
 
-    def view(self, now_s: float) -> ClusterView:
+    def view(self, now_s: float, cached_tokens: dict[str, int] | None = None) -> ClusterView:
+        """The pools now; ``cached_tokens`` (instance id -> tokens) is the prefix index's answer for the
+        request being routed, absent instances holding none of it."""
+        if not cached_tokens:
+            return ClusterView(
+                now_s,
+                self.decisions,
+                tuple(self._state(b, now_s) for b in self._prefill),
+                tuple(self._state(b, now_s) for b in self._decode),
+            )
         return ClusterView(
             now_s,
             self.decisions,
-            tuple(self._state(b, now_s) for b in self._prefill),
-            tuple(self._state(b, now_s) for b in self._decode),
+            tuple(self._state(b, now_s, cached_tokens.get(b.spec.instance_id, 0)) for b in self._prefill),
+            tuple(self._state(b, now_s, cached_tokens.get(b.spec.instance_id, 0)) for b in self._decode),
         )
 
     def in_flight_requests(self) -> int:

@@ -3,7 +3,7 @@ call exactly this, so a policy sees the same kind of information in both."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from calroute.costmodel.calibration import Calibration
@@ -11,6 +11,7 @@ from calroute.costmodel.online import OnlineCalibrator
 from calroute.costmodel.predictors import OutputLengthPredictor
 from calroute.policies.base import RoutingPolicy
 from calroute.routing.ledger import Ledger
+from calroute.routing.prefix_index import PrefixIndex
 from calroute.types import Admission, ClusterView, RouteDecision, SloClass
 
 DecisionHook = Callable[[Admission, ClusterView, RouteDecision], None]
@@ -58,13 +59,24 @@ class Router:
         ledger: Ledger,
         on_decision: DecisionHook | None = None,
         online: OnlineRecalibration | None = None,
+        prefix: PrefixIndex | None = None,
+        record_placements: bool = True,
     ) -> None:
-        """``online``: refit the constants from completed requests and rebuild the policy with them."""
+        """``online``: refit the constants from completed requests and rebuild the policy with them.
+
+        ``prefix``: the view of the engines' prefix caches that requests with block ids are matched against;
+        ``record_placements`` feeds it the router's own placements (its approximate source). Without it the
+        index learns only from the engines' KV events, fed by whoever receives them.
+        """
         self.policy = policy
         self.predictor = predictor
         self.ledger = ledger
         self.on_decision = on_decision
         self.online = online
+        self.prefix = prefix
+        self.record_placements = record_placements
+        # The last admission's prefix match (instance id -> cached prompt tokens), for its record.
+        self.last_match: dict[str, int] = {}
         self._tracked: dict[str, _Tracked] = {}
 
     def admit(
@@ -74,17 +86,32 @@ class Router:
         slo_class: SloClass,
         now_s: float,
         oracle_output_tokens: int | None = None,
+        prefix_blocks: Sequence[int] = (),
     ) -> tuple[Admission, RouteDecision]:
-        """Predict, decide on the current view, and commit the decision to the ledger."""
+        """Predict, decide on the current view, and commit the decision to the ledger.
+
+        ``prefix_blocks``: the prompt's block ids, in the prefix index's block size (see PrefixIndex)."""
         predicted = self.predictor.predict(prompt_tokens, oracle_output_tokens)
         adm = Admission(request_id, prompt_tokens, predicted, slo_class)
-        view = _panic(self.ledger.view(now_s))
+        index = self.prefix
+        match = index.match(prefix_blocks) if index is not None and prefix_blocks else {}
+        self.last_match = match
+        view = _panic(self.ledger.view(now_s, match))
         decision = self.policy.route(adm, view)
         if self.on_decision is not None:
             self.on_decision(adm, view, decision)
         self.ledger.admit(
-            request_id, decision.prefill_id, decision.decode_id, prompt_tokens, predicted, now_s
+            request_id,
+            decision.prefill_id,
+            decision.decode_id,
+            prompt_tokens,
+            predicted,
+            now_s,
+            match.get(decision.prefill_id, 0) if match else 0,
         )
+        if index is not None and prefix_blocks and self.record_placements:
+            index.placed(decision.prefill_id, prefix_blocks)
+            index.placed(decision.decode_id, prefix_blocks)
         if self.online is not None:
             pre = next(s for s in view.prefill if s.instance_id == decision.prefill_id)
             self._tracked[request_id] = _Tracked(

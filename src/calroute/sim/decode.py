@@ -9,7 +9,8 @@ At each boundary, in vLLM's order: finished requests leave; requests whose KV ar
 step would not fit in KV, the most recently joined requests are preempted (freed, requeued at the front,
 recomputed on rejoining); then waiting requests are admitted while KV (minus a watermark) and the
 sequence limit allow: their KV is reserved and pulled from the prefill engine (latency + bytes/bandwidth),
-after which they join at the next boundary.
+after which they join at the next boundary. Only the prompt's blocks that the engine's own prefix cache
+lacks are pulled (vLLM's NixlConnector asks for the tokens past the local cache hit, docs/prefix.md).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from calroute.costmodel.calibration import DecodeCurve, PrefillCurve
 from calroute.costmodel.profiles import EngineLimits
 from calroute.routing.heap import Entry, MinHeap
 from calroute.sim.kernel import URGENT, Kernel
+from calroute.sim.prefix_cache import BlockCache
 from calroute.sim.requests import SimRequest
 from calroute.sim.sampling import HeldMetrics, Sample
 
@@ -40,6 +42,7 @@ class DecodeInstance:
         on_done: Callable[[SimRequest], None],
         max_stretch_steps: int | None = None,
         sample_interval_s: float = 0.05,
+        block_tokens: int = 512,
     ) -> None:
         """``max_stretch_steps=1`` makes this an iteration-level model (one event per step): the baseline
         the closed form is benchmarked and tested against."""
@@ -78,6 +81,7 @@ class DecodeInstance:
         self.peak_kv_used_tokens = 0
         self.preemptions = 0
         self.metrics = HeldMetrics(sample_interval_s, self._metrics_at)
+        self.cache = BlockCache(block_tokens)
         # bound once: each `self._on_event` would build a new bound-method object per scheduled event
         self._on_event_cb: Callable[[tuple[int, int]], None] = self._on_event
         self._transfer_done_cb: Callable[[SimRequest], None] = self._transfer_done
@@ -178,6 +182,8 @@ class DecodeInstance:
                 req.running = False
                 req.emitted_tokens = req.output_tokens
                 req.last_token_s = now
+                if req.prefix_blocks:
+                    self.cache.release(req.prefix_blocks)
                 on_done(req)
         # 2. requests whose KV arrived join
         extra = 0.0
@@ -213,14 +219,18 @@ class DecodeInstance:
             else:
                 self._reserved += req.prompt_tokens
                 self._transferring += 1
-                self._kernel.at(
-                    now + self._transfer_s(req.prompt_tokens), self._transfer_done_cb, req, URGENT
-                )
+                pull = req.prompt_tokens
+                if req.prefix_blocks:
+                    req.cached_decode_tokens = self.cache.acquire(req.prefix_blocks, req.prompt_tokens)
+                    pull -= req.cached_decode_tokens
+                self._kernel.at(now + self._transfer_s(pull), self._transfer_done_cb, req, URGENT)
         # 5. plan the next stretch
         self._epoch_s = now
         self._extra_s = extra
         n = len(running)
         reserved = self._reserved
+        if self.cache.free_blocks:
+            self.cache.trim(cap - (self._prompt_sum + n * steps - self._join_sum + reserved))
         if n == 0:
             self._fresh.clear()
             if reserved > self.peak_kv_used_tokens:

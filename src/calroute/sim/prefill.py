@@ -1,6 +1,7 @@
 """A prefill engine: FCFS queue, iterations that batch prompt tokens under a token budget (a prompt larger
 than what is left of the budget is chunked across iterations), and a KV budget: a prompt's KV is held from
-its first chunk until the decode engine has pulled it, and the head of the queue waits when KV is full."""
+its first chunk until the decode engine has pulled it, and the head of the queue waits when KV is full.
+A prompt's leading blocks found in the engine's prefix cache (prefix_cache.py) are not computed."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Callable
 
 from calroute.costmodel.calibration import PrefillCurve
 from calroute.sim.kernel import URGENT, Kernel
+from calroute.sim.prefix_cache import BlockCache
 from calroute.sim.requests import SimRequest
 from calroute.sim.sampling import HeldMetrics, Sample
 
@@ -23,6 +25,7 @@ class PrefillInstance:
         max_batched_tokens: int,
         on_prefill_done: Callable[[SimRequest], None],
         sample_interval_s: float = 0.05,
+        block_tokens: int = 512,
     ) -> None:
         self.instance_id = instance_id
         self._kernel = kernel
@@ -36,6 +39,7 @@ class PrefillInstance:
         self.kv_used_tokens = 0
         self.peak_kv_used_tokens = 0
         self.metrics = HeldMetrics(sample_interval_s, self._metrics_at)
+        self.cache = BlockCache(block_tokens)
 
     def enqueue(self, req: SimRequest) -> None:
         self.metrics.touch(self._kernel.now_s)
@@ -50,6 +54,9 @@ class PrefillInstance:
             self.metrics.touch(self._kernel.now_s)
             req.prefill_kv_held = False
             self.kv_used_tokens -= req.prompt_tokens
+            if req.prefix_blocks:
+                self.cache.release(req.prefix_blocks)
+                self.cache.trim(self.kv_capacity_tokens - self.kv_used_tokens)
             if not self._busy and self._queue:
                 self._start_iteration()
 
@@ -66,6 +73,12 @@ class PrefillInstance:
                 self.kv_used_tokens += req.prompt_tokens
                 if self.kv_used_tokens > self.peak_kv_used_tokens:
                     self.peak_kv_used_tokens = self.kv_used_tokens
+                if req.prefix_blocks:
+                    # vLLM looks its prefix cache up when it first schedules a request
+                    cached = self.cache.acquire(req.prefix_blocks, req.prompt_tokens)
+                    req.cached_prefill_tokens = cached
+                    req.prefill_left_tokens = req.prompt_tokens - cached
+                    self.cache.trim(self.kv_capacity_tokens - self.kv_used_tokens)
             chunk = min(req.prefill_left_tokens, budget)
             done_before = req.prompt_tokens - req.prefill_left_tokens
             attn += chunk * (done_before + chunk / 2)

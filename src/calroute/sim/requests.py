@@ -15,9 +15,12 @@ class SimRequest:
         "prompt_tokens",
         "output_tokens",
         "slo_class",
+        "prefix_blocks",
         "predicted_output_tokens",
         "prefill_id",
         "decode_id",
+        "cached_prefill_tokens",
+        "cached_decode_tokens",
         "prefill_left_tokens",
         "prefill_kv_held",
         "join_step",
@@ -40,6 +43,7 @@ class SimRequest:
         predicted_output_tokens: int,
         prefill_id: str,
         decode_id: str,
+        prefix_blocks: tuple[int, ...] = (),
     ) -> None:
         self.request_id = request_id
         self.arrival_s = arrival_s
@@ -47,9 +51,13 @@ class SimRequest:
         # the true length: the engines know it (max_tokens + ignore_eos), the router does not
         self.output_tokens = output_tokens
         self.slo_class = slo_class
+        self.prefix_blocks = prefix_blocks
         self.predicted_output_tokens = predicted_output_tokens
         self.prefill_id = prefill_id
         self.decode_id = decode_id
+        # prompt tokens each engine served from its prefix cache
+        self.cached_prefill_tokens = 0
+        self.cached_decode_tokens = 0
         # prefill progress
         self.prefill_left_tokens = 0
         self.prefill_kv_held = False

@@ -21,7 +21,7 @@ from calroute.sim.kernel import Kernel
 from calroute.sim.prefill import PrefillInstance
 from calroute.sim.requests import SimRequest
 from calroute.sim.sampling import ReadHorizon, Sample, poll
-from calroute.types import InstanceSpec, RequestSpec, RequestStatus, Role
+from calroute.types import PREFIX_BLOCK_TOKENS, InstanceSpec, RequestSpec, RequestStatus, Role
 
 RecordSink = Callable[[RequestRecord], None]
 
@@ -61,7 +61,9 @@ class ClusterSim:
         policy_name: str,
         sample_interval_s: float = 0.05,
         max_stretch_steps: int | None = None,
+        block_tokens: int = PREFIX_BLOCK_TOKENS,
     ) -> None:
+        """``block_tokens``: the size of the blocks that workloads' ``prefix_blocks`` name."""
         if sample_interval_s <= 0:
             raise ConfigError(f"sample_interval_s must be > 0, got {sample_interval_s}")
         self.kernel = Kernel()
@@ -79,6 +81,7 @@ class ClusterSim:
                 lim.max_batched_tokens,
                 self._prefill_done,
                 sample_interval_s=sample_interval_s,
+                block_tokens=block_tokens,
             )
             for s in shape.instances(lim.kv_capacity_tokens)
             if s.role is Role.PREFILL
@@ -96,6 +99,7 @@ class ClusterSim:
                 self._done,
                 max_stretch_steps,
                 sample_interval_s=sample_interval_s,
+                block_tokens=block_tokens,
             )
             for s in shape.instances(lim.kv_capacity_tokens)
             if s.role is Role.DECODE
@@ -163,7 +167,7 @@ class ClusterSim:
         now = self.kernel.now_s
         self._count += 1
         self._schedule_next_arrival()
-        request_id, arrival_s, prompt_tokens, output_tokens, slo_class = spec
+        request_id, arrival_s, prompt_tokens, output_tokens, slo_class, prefix_blocks = spec
         error = None
         if prompt_tokens < 1 or output_tokens < 1 or prompt_tokens + output_tokens > self._max_request_tokens:
             error = self._admission_error(spec)
@@ -194,7 +198,9 @@ class ClusterSim:
         # Engine metrics are read at (admitted) arrivals only, so none is read before the next arrival.
         # Arrivals are sorted (checked when scheduled), so the horizon never decreases, even across runs.
         self._horizon.next_read_s = self._last_arrival_s
-        adm, decision = self._router.admit(request_id, prompt_tokens, slo_class, now, output_tokens)
+        adm, decision = self._router.admit(
+            request_id, prompt_tokens, slo_class, now, output_tokens, prefix_blocks
+        )
         req = SimRequest(
             request_id,
             arrival_s,
@@ -204,6 +210,7 @@ class ClusterSim:
             adm.predicted_output_tokens,
             decision.prefill_id,
             decision.decode_id,
+            prefix_blocks,
         )
         self._in_flight += 1
         self.prefill[decision.prefill_id].enqueue(req)
@@ -274,6 +281,7 @@ class ClusterSim:
                 last_token_s=req.last_token_s,
                 status=RequestStatus.OK,
                 error=None,
+                cached_tokens=req.cached_prefill_tokens,
             )
         )
 

@@ -1,0 +1,119 @@
+"""The router's view of the engines' prefix caches: which engine holds which prompt blocks.
+
+One structure, two sources (docs/prefix.md):
+
+- **approximate**: the router's own record of what it placed where (``placed``), as llm-d's approximate
+  scorer and SGLang's ``cache_aware`` tree keep it;
+- **precise**: the engines' KV events (``stored``, ``removed``, ``cleared``), as llm-d's precise scorer
+  and Dynamo's KV router read vLLM's.
+
+A block id stands for its block and everything before it (vLLM chains each block's hash on its parent's,
+Mooncake's ``hash_ids`` mean the same), so an engine can serve a prompt's first k blocks from cache exactly
+when it holds the first k ids; a hit is the longest such leading run. Each engine's blocks are an LRU
+bounded by its KV capacity in blocks, whatever the source: an engine that reports more blocks than it can
+hold (a buggy or hostile event stream) ages its oldest out, so the index never outgrows
+``sum(capacities)`` entries. ``holders`` maps a block to a bitmask of the engines holding it, so a match
+walks the prompt's blocks once for all engines.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+from calroute.errors import ConfigError
+from calroute.types import InstanceSpec
+
+
+class PrefixIndex:
+    def __init__(self, instances: Sequence[InstanceSpec], block_tokens: int) -> None:
+        if block_tokens < 1:
+            raise ConfigError(f"prefix block size must be >= 1 token, got {block_tokens}")
+        self.block_tokens = block_tokens
+        self._ids = [s.instance_id for s in instances]
+        self._bit = {iid: 1 << i for i, iid in enumerate(self._ids)}
+        self._capacity_blocks = {
+            s.instance_id: max(1, s.kv_capacity_tokens // block_tokens) for s in instances
+        }
+        self._lru: dict[str, OrderedDict[int, None]] = {iid: OrderedDict() for iid in self._ids}
+        self._holders: dict[int, int] = {}
+
+    # ---- queries ------------------------------------------------------------------------------------
+
+    def match(self, blocks: Sequence[int]) -> dict[str, int]:
+        """Cached prompt tokens per engine: the longest leading run of ``blocks`` each holds (engines with
+        none are left out)."""
+        holders = self._holders
+        out: dict[str, int] = {}
+        mask = -1
+        run = 0
+        for b in blocks:
+            held = mask & holders.get(b, 0)
+            if held != mask and run:
+                self._credit(out, mask & ~held, run)
+            mask = held
+            if not mask:
+                return out
+            run += 1
+        if run:
+            self._credit(out, mask, run)
+        return out
+
+    def _credit(self, out: dict[str, int], mask: int, run: int) -> None:
+        tokens = run * self.block_tokens
+        for i, iid in enumerate(self._ids):
+            if mask >> i & 1:
+                out[iid] = tokens
+
+    def blocks_held(self, instance_id: str) -> int:
+        return len(self._lru[instance_id])
+
+    def __len__(self) -> int:
+        """Distinct blocks held anywhere."""
+        return len(self._holders)
+
+    # ---- sources ------------------------------------------------------------------------------------
+
+    def placed(self, instance_id: str, blocks: Iterable[int]) -> None:
+        """The router sent a prompt with these blocks to this engine (approximate source)."""
+        self.stored(instance_id, blocks)
+
+    def stored(self, instance_id: str, blocks: Iterable[int]) -> None:
+        """The engine holds these blocks now (most recently used)."""
+        lru = self._lru[instance_id]
+        bit = self._bit[instance_id]
+        holders = self._holders
+        for b in blocks:
+            if b in lru:
+                lru.move_to_end(b)
+            else:
+                lru[b] = None
+                holders[b] = holders.get(b, 0) | bit
+        cap = self._capacity_blocks[instance_id]
+        while len(lru) > cap:
+            old, _ = lru.popitem(last=False)
+            self._drop(old, bit)
+
+    def removed(self, instance_id: str, blocks: Iterable[int]) -> None:
+        """The engine evicted these blocks (unknown ones are ignored: events may overtake the index)."""
+        lru = self._lru[instance_id]
+        bit = self._bit[instance_id]
+        for b in blocks:
+            if b in lru:
+                del lru[b]
+                self._drop(b, bit)
+
+    def cleared(self, instance_id: str) -> None:
+        """The engine dropped its whole cache (vLLM's AllBlocksCleared; also a restarted engine)."""
+        lru = self._lru[instance_id]
+        bit = self._bit[instance_id]
+        for b in lru:
+            self._drop(b, bit)
+        lru.clear()
+
+    def _drop(self, block: int, bit: int) -> None:
+        rest = self._holders.get(block, 0) & ~bit
+        if rest:
+            self._holders[block] = rest
+        else:
+            self._holders.pop(block, None)
