@@ -296,3 +296,35 @@ def test_marginal_cost_without_slo_prices_classes_alike(calibration: Calibration
     view = make_view(decode=[{"backlog_s": 0.010, "in_flight": 0}, {"backlog_s": 0.0, "in_flight": 12}])
     policy = make_policy("marginal_cost", {"sigma_tight": 4.0, "use_slo": False}, calibration)
     assert policy.route(make_admission(slo_class=SloClass.TIGHT), view).decode_id == "decode-0"
+
+
+@pytest.mark.parametrize(
+    ("backlog_x_saved", "use_prefix_cache", "want"),
+    [
+        # the engine holding the prefix is worth its queue while the queue is shorter than the seconds saved
+        (0.5, True, "prefill-1"),
+        (2.0, True, "prefill-0"),
+        # the paper's router prices every prompt from scratch: the idle engine wins
+        (0.5, False, "prefill-0"),
+    ],
+)
+def test_marginal_cost_prices_a_cached_prefix_in_prefill_seconds(
+    backlog_x_saved: float, use_prefix_cache: bool, want: str, calibration: Calibration
+) -> None:
+    saved_s = 8000 * calibration.tau_pre_s
+    view = make_view(
+        prefill=[{}, {"cached_tokens": 8000, "backlog_s": backlog_x_saved * saved_s, "in_flight": 1}]
+    )
+    policy = make_policy(
+        "marginal_cost", {"w_q": 0.0, "use_prefix_cache": use_prefix_cache, "w_cobatch": 0.0}, calibration
+    )
+    assert policy.route(make_admission(prompt_tokens=8192), view).prefill_id == want
+
+
+def test_marginal_cost_charges_decode_only_the_blocks_it_must_pull(calibration: Calibration) -> None:
+    view = make_view(decode=[{}, {"cached_tokens": 8000}, {"cached_tokens": 4000}, {}])
+    d = make_policy("marginal_cost", {}, calibration).route(make_admission(prompt_tokens=8192), view)
+    assert d.decode_id == "decode-1"
+    assert d.decode_scores[1] < d.decode_scores[2] < d.decode_scores[0] == d.decode_scores[3]
+    off = make_policy("marginal_cost", {"use_prefix_cache": False}, calibration)
+    assert off.route(make_admission(prompt_tokens=8192), view).decode_id == "decode-0"  # a four-way tie

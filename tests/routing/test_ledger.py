@@ -159,3 +159,24 @@ def test_any_event_order_keeps_the_books_consistent(
     end = max(e[0] for e in events)
     assert all(v == (0, 0.0, 0) for v in states(led, end).values())
     assert led.in_flight_requests() == 0
+
+
+def test_prefill_backlog_counts_only_the_tokens_to_compute(calibration: Calibration) -> None:
+    specs = [InstanceSpec("p0", Role.PREFILL, 60_000), InstanceSpec("d0", Role.DECODE, 60_000)]
+    ledger = Ledger(specs, calibration)
+    ledger.admit("a", "p0", "d0", 4096, 100, 0.0, cached_tokens=3584)
+    ledger.admit("b", "p0", "d0", 1000, 100, 0.0, cached_tokens=5000)  # over-reported: none to compute
+    state = ledger.view(0.0).prefill[0]
+    assert state.backlog_s == pytest.approx(512 * calibration.tau_pre_s)
+    assert state.kv_committed_tokens == 5096  # KV holds whole prompts, cached or not
+    ledger.prefill_done("a", 0.5)
+    ledger.prefill_done("b", 0.5)
+    # the observed rate is seconds per computed token: 0.5 s over 512 tokens
+    ledger.admit("c", "p0", "d0", 1024, 100, 0.5)
+    assert ledger.view(0.5).prefill[0].backlog_s == pytest.approx(1024 * 0.5 / 512)
+
+
+def test_a_view_carries_the_prefix_match_for_the_request(calibration: Calibration) -> None:
+    specs = [InstanceSpec("p0", Role.PREFILL, 60_000), InstanceSpec("d0", Role.DECODE, 60_000)]
+    view = Ledger(specs, calibration).view(0.0, {"d0": 512})
+    assert view.prefill[0].cached_tokens == 0 and view.decode[0].cached_tokens == 512

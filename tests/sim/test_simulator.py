@@ -13,28 +13,44 @@ from calroute.costmodel.profiles import HardwareProfile, get_profile
 from calroute.policies import POLICIES, make_policy
 from calroute.results.records import RecordWriter, RequestRecord
 from calroute.routing.ledger import Ledger
+from calroute.routing.prefix_index import PrefixIndex
 from calroute.routing.router import Router
 from calroute.sim.simulator import ClusterShape, ClusterSim, SimStats
-from calroute.types import Admission, ClusterView, RequestSpec, RequestStatus, RouteDecision, SloClass
+from calroute.types import (
+    PREFIX_BLOCK_TOKENS,
+    Admission,
+    ClusterView,
+    RequestSpec,
+    RequestStatus,
+    RouteDecision,
+    SloClass,
+)
 
 PROFILE = get_profile("a40-qwen2.5-3b")
 
 
 def workload(
-    n: int, rate: float, seed: int, max_prompt: int = 3000, max_out: int = 1500
+    n: int, rate: float, seed: int, max_prompt: int = 3000, max_out: int = 1500, prefixes: int = 0
 ) -> list[RequestSpec]:
+    """Random requests; with ``prefixes``, each prompt starts with one of that many shared block runs."""
     rng = random.Random(seed)
     t = 0.0
     out = []
     for i in range(n):
         t += rng.expovariate(rate)
+        prompt = rng.randint(1, max_prompt)
+        blocks: tuple[int, ...] = ()
+        if prefixes:
+            k = rng.randrange(prefixes)
+            blocks = tuple(k * 1000 + j for j in range(rng.randint(0, prompt // PREFIX_BLOCK_TOKENS)))
         out.append(
             RequestSpec(
                 f"r{i}",
                 t,
-                rng.randint(1, max_prompt),
+                prompt,
                 rng.randint(1, max_out),
                 SloClass.TIGHT if rng.random() < 0.5 else SloClass.LOOSE,
+                blocks,
             )
         )
     return out
@@ -49,7 +65,14 @@ def run(
 ) -> tuple[list[RequestRecord], SimStats]:
     shape = shape or ClusterShape(2, 4)
     ledger = Ledger(shape.instances(profile.limits.kv_capacity_tokens), profile.calibration)
-    router = Router(make_policy(policy, {}, profile.calibration), make_predictor("bucket"), ledger, hook)  # type: ignore[arg-type]
+    index = PrefixIndex(shape.instances(profile.limits.kv_capacity_tokens), PREFIX_BLOCK_TOKENS)
+    router = Router(
+        make_policy(policy, {}, profile.calibration),
+        make_predictor("bucket"),
+        ledger,
+        hook,  # type: ignore[arg-type]
+        prefix=index,
+    )
     records: list[RequestRecord] = []
     stats = ClusterSim(profile, shape, router, policy).run(reqs, records.append)
     return records, stats
@@ -64,12 +87,15 @@ def run(
     n_pre=st.integers(1, 3),
     n_dec=st.integers(1, 4),
     kv=st.sampled_from([8_000, 20_000, 60_000]),
+    prefixes=st.sampled_from([0, 1, 3]),
 )
-def test_invariants(n: int, rate: float, seed: int, policy: str, n_pre: int, n_dec: int, kv: int) -> None:
+def test_invariants(
+    n: int, rate: float, seed: int, policy: str, n_pre: int, n_dec: int, kv: int, prefixes: int
+) -> None:
     from dataclasses import replace
 
     profile = replace(PROFILE, limits=replace(PROFILE.limits, kv_capacity_tokens=kv))
-    reqs = workload(n, rate, seed)
+    reqs = workload(n, rate, seed, max_prompt=12_000 if prefixes else 3000, prefixes=prefixes)
     records, stats = run(reqs, policy, ClusterShape(n_pre, n_dec), profile)
     # every request ends in exactly one record
     assert sorted(r.request_id for r in records) == sorted(r.request_id for r in reqs)
@@ -85,6 +111,7 @@ def test_invariants(n: int, rate: float, seed: int, policy: str, n_pre: int, n_d
             rec.prefill_done_s is not None and rec.first_token_s is not None and rec.last_token_s is not None
         )
         assert rec.arrival_s < rec.prefill_done_s < rec.first_token_s <= rec.last_token_s
+        assert 0 <= rec.cached_tokens <= min(len(s.prefix_blocks) * PREFIX_BLOCK_TOKENS, s.prompt_tokens - 1)
     # KV never over budget, on any engine
     assert all(peak <= kv for peak in stats.peak_kv_used_tokens.values())
 
@@ -210,3 +237,21 @@ def test_read_horizon_changes_nothing_a_policy_sees() -> None:
         return seen, records
 
     assert run_with(True) == run_with(False)
+
+
+def test_a_repeated_prefix_is_routed_to_its_holders_and_not_recomputed() -> None:
+    blocks = tuple(range(8))
+    prompt = 8 * PREFIX_BLOCK_TOKENS + 100
+    reqs = [RequestSpec(f"r{i}", 5.0 * i, prompt, 20, SloClass.LOOSE, blocks) for i in range(3)]
+    records, _ = run(reqs, "marginal_cost", ClusterShape(2, 4))
+    first, *later = records
+    assert first.cached_tokens == 0
+    for rec in later:
+        assert (rec.prefill_id, rec.decode_id) == (first.prefill_id, first.decode_id)
+        assert rec.cached_tokens == 8 * PREFIX_BLOCK_TOKENS
+        assert rec.ttft_s is not None and first.ttft_s is not None
+        # prefill of 100 tokens instead of 4196, and a pull of 100 tokens' KV instead of 4196
+        assert rec.ttft_s < first.ttft_s / 2
+    # round_robin sends the second to the other engine, which computes it all
+    rr, _ = run(reqs[:2], "round_robin", ClusterShape(2, 4))
+    assert rr[1].prefill_id != rr[0].prefill_id and rr[1].cached_tokens == 0

@@ -1,0 +1,75 @@
+"""The router's prefix index: longest leading runs, LRU bounds, and the two sources' events."""
+
+from __future__ import annotations
+
+import pytest
+
+from calroute.errors import ConfigError
+from calroute.routing.prefix_index import PrefixIndex
+from calroute.types import InstanceSpec, Role
+
+B = 16
+
+
+def index(capacity_blocks: int = 100, n: int = 3) -> PrefixIndex:
+    return PrefixIndex(
+        [InstanceSpec(f"e{i}", Role.PREFILL, capacity_blocks * B) for i in range(n)], block_tokens=B
+    )
+
+
+@pytest.mark.parametrize(
+    ("held", "blocks", "expected"),
+    [
+        ({}, (1, 2, 3), {}),
+        ({"e0": (1, 2, 3)}, (1, 2, 3), {"e0": 3 * B}),
+        ({"e0": (1, 2, 3)}, (1, 2, 3, 4, 5), {"e0": 3 * B}),
+        ({"e0": (1, 2)}, (1, 2, 3), {"e0": 2 * B}),
+        # a hit is a *leading* run: holding later blocks without the first is no hit
+        ({"e0": (2, 3)}, (1, 2, 3), {}),
+        ({"e0": (1, 3)}, (1, 2, 3), {"e0": B}),
+        ({"e0": (1, 2, 3), "e1": (1,), "e2": (1, 2)}, (1, 2, 3), {"e0": 3 * B, "e1": B, "e2": 2 * B}),
+        ({"e1": (1, 2), "e2": (9,)}, (1, 2), {"e1": 2 * B}),
+        ({"e0": (1, 2)}, (), {}),
+    ],
+)
+def test_match_is_the_longest_leading_run_per_engine(
+    held: dict[str, tuple[int, ...]], blocks: tuple[int, ...], expected: dict[str, int]
+) -> None:
+    ix = index()
+    for iid, bs in held.items():
+        ix.stored(iid, bs)
+    assert ix.match(blocks) == expected
+
+
+def test_lru_bound_ages_the_oldest_blocks_out() -> None:
+    ix = index(capacity_blocks=4)
+    ix.placed("e0", (1, 2, 3))
+    ix.placed("e0", (1, 7))  # touches 1: now 2 is the oldest
+    ix.placed("e0", (8, 9))
+    assert ix.blocks_held("e0") == 4
+    assert ix.match((1,)) == {"e0": B}
+    assert ix.match((1, 2)) == {"e0": B}  # 2 and 3 aged out
+    assert len(ix) == 4
+
+
+def test_a_flood_of_stored_events_stays_bounded() -> None:
+    ix = index(capacity_blocks=50, n=2)
+    ix.stored("e0", range(1_000_000, 1_100_000))
+    assert ix.blocks_held("e0") == 50 and len(ix) == 50
+
+
+def test_removed_and_cleared_forget_only_that_engine() -> None:
+    ix = index()
+    ix.stored("e0", (1, 2, 3))
+    ix.stored("e1", (1, 2, 3))
+    ix.removed("e0", (2, 99))  # 99 unknown: ignored
+    assert ix.match((1, 2, 3)) == {"e0": B, "e1": 3 * B}
+    ix.cleared("e1")
+    assert ix.match((1, 2, 3)) == {"e0": B}
+    ix.cleared("e0")
+    assert ix.match((1,)) == {} and len(ix) == 0
+
+
+def test_block_size_must_be_positive() -> None:
+    with pytest.raises(ConfigError, match="block size"):
+        PrefixIndex([], block_tokens=0)
