@@ -55,8 +55,23 @@ def test_simulate_json_has_the_documented_shape() -> None:
             "ttft_p99_s",
             "tpot_p50_s",
             "tpot_p99_s",
+            "prefix_hit_ratio",
         } <= set(r)
         assert r["requests"] == 150 and 0.0 <= r["goodput"] <= 1.0
+        assert r["prefix_hit_ratio"] == 0.0  # the paper's families share no prefix
+
+
+def test_first_seed_moves_the_seeds_and_the_requests_with_them() -> None:
+    def runs(*args: str) -> dict[int, float]:
+        code, out, _ = invoke(
+            "simulate", "--workload", "chat", "--rate", "8", "--requests", "60", "--json", *args
+        )
+        assert code == 0
+        return {r["seed"]: r["goodput"] for r in json.loads(out)["runs"] if r["policy"] == "round_robin"}
+
+    later = runs("--policies", "round_robin", "--seeds", "2", "--first-seed", "5")
+    assert set(later) == {5, 6}
+    assert runs("--policies", "round_robin", "--seeds", "1", "--first-seed", "6") == {6: later[6]}
 
 
 def test_simulate_sample_interval_reaches_the_engines_samples() -> None:
@@ -184,6 +199,11 @@ def test_simulate_any_shared_trace(name: str, args: list[str]) -> None:
             "--sample-interval-s must be > 0",
         ),
         (["--workload", "chat", "--rate", "1", "--predictor", "gpt"], "unknown predictor"),
+        (
+            ["--workload", "chat", "--saturate", "--saturate-on", "best"],
+            "--saturate-on: unknown policy 'best'",
+        ),
+        (["--workload", "chat", "--rate", "1", "--prefix-source", "psychic"], "unknown prefix source"),
         (["--workload", "chat", "--rate", "1", "--calibration", "/no/cal.json"], "cannot read calibration"),
         (
             [

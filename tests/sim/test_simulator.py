@@ -5,11 +5,13 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from calroute.costmodel.predictors import make_predictor
 from calroute.costmodel.profiles import HardwareProfile, get_profile
+from calroute.errors import ConfigError
 from calroute.policies import POLICIES, make_policy
 from calroute.results.records import RecordWriter, RequestRecord
 from calroute.routing.ledger import Ledger
@@ -255,3 +257,42 @@ def test_a_repeated_prefix_is_routed_to_its_holders_and_not_recomputed() -> None
     # round_robin sends the second to the other engine, which computes it all
     rr, _ = run(reqs[:2], "round_robin", ClusterShape(2, 4))
     assert rr[1].prefill_id != rr[0].prefill_id and rr[1].cached_tokens == 0
+
+
+@pytest.mark.parametrize(("gap_s", "delay_s", "same_engine"), [(1.0, 0.01, True), (0.001, 0.5, False)])
+def test_kv_events_reach_the_router_after_their_delay(
+    gap_s: float, delay_s: float, same_engine: bool
+) -> None:
+    shape = ClusterShape(2, 4)
+    specs = shape.instances(PROFILE.limits.kv_capacity_tokens)
+    index = PrefixIndex(specs, PREFIX_BLOCK_TOKENS)
+    policy = make_policy("marginal_cost", {}, PROFILE.calibration)
+    router = Router(
+        policy,
+        make_predictor("bucket"),
+        Ledger(specs, PROFILE.calibration),
+        prefix=index,
+        record_placements=False,
+    )
+    blocks = tuple(range(8))
+    reqs = [
+        RequestSpec(f"r{i}", 1.0 + gap_s * i, 8 * 512 + 100, 20, SloClass.LOOSE, blocks) for i in range(2)
+    ]
+    records: list[RequestRecord] = []
+    ClusterSim(PROFILE, shape, router, "marginal_cost", kv_event_delay_s=delay_s).run(reqs, records.append)
+    first, second = sorted(records, key=lambda r: r.arrival_s)
+    # rotation sends an uninformed second request to the other engine
+    assert (second.prefill_id == first.prefill_id) is same_engine
+    assert index.blocks_held(first.prefill_id) == 8  # the events arrived in the end
+
+
+def test_kv_events_need_a_prefix_index() -> None:
+    shape = ClusterShape(1, 1)
+    specs = shape.instances(PROFILE.limits.kv_capacity_tokens)
+    router = Router(
+        make_policy("round_robin", {}, PROFILE.calibration),
+        make_predictor("bucket"),
+        Ledger(specs, PROFILE.calibration),
+    )
+    with pytest.raises(ConfigError, match="prefix index"):
+        ClusterSim(PROFILE, shape, router, "round_robin", kv_event_delay_s=0.01)

@@ -21,7 +21,7 @@ from calroute.costmodel.profiles import (
 )
 from calroute.errors import CalrouteError, ConfigError
 from calroute.experiments.compare import RunResult
-from calroute.results.tables import RunRow, by_policy
+from calroute.results.tables import RunRow, by_policy, reference_policy, versus
 
 err = Console(stderr=True)
 # Piped output (logs, CI) would otherwise be cut at 80 columns, which truncates the comparison table.
@@ -79,16 +79,24 @@ def print_table(results: list[RunResult], title: str) -> None:
     rows = [RunRow(r.policy, r.seed, r.summary) for r in results]
     policies = by_policy(rows)
     seeds = sorted({r.seed for r in rows})
-    caption = "goodput per seed s0.., mean, spread (max - min); P99 latencies: mean over seeds"
+    ref = reference_policy(policies)
+    hits = any(p.prefix_hit_ratio > 0 for p in policies)
+    caption = (
+        "goodput per seed, mean, spread (max - min); P99 latencies: mean over seeds; "
+        f"vs {ref.policy}: paired difference in goodput over seeds, 95 % bootstrap interval"
+    )
     table = Table(title=title, caption=caption)
     table.add_column("policy", no_wrap=True)
     for s in seeds:
         table.add_column(f"s{s}", justify="right", no_wrap=True, min_width=5)
-    for col in ("mean", "spread", "P99 TTFT s", "P99 TPOT s"):
+    for col in ("mean", "spread", "P99 TTFT s", "P99 TPOT s", f"vs {ref.policy}"):
         table.add_column(col, justify="right", no_wrap=True)
+    if hits:
+        table.add_column("prefix hits", justify="right", no_wrap=True)
     best = max(p.mean_goodput for p in policies)
     for p in policies:
         mean = f"{p.mean_goodput:.3f}"
+        diff = versus(p, ref)
         table.add_row(
             p.policy,
             *[f"{g:.3f}" for g in p.goodputs],
@@ -96,6 +104,8 @@ def print_table(results: list[RunResult], title: str) -> None:
             f"{p.spread:.3f}",
             "-" if p.ttft_p99_s is None else f"{p.ttft_p99_s:.3f}",
             "-" if p.tpot_p99_s is None else f"{p.tpot_p99_s:.4f}",
+            "-" if diff is None else diff.describe(),
+            *([f"{p.prefix_hit_ratio:.3f}"] if hits else []),
         )
     out.print(table)
 

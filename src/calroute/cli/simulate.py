@@ -42,12 +42,13 @@ def run_simulation(
     rate_rps: float | None,
     saturate_target: float | None,
     out_dir: Path | None,
+    saturate_on: str = "round_robin",
 ) -> tuple[list[RunResult], dict[str, Any]]:
     """The body of `calroute simulate` (and of the demo): the runs, and the JSON summary object."""
     saturation: dict[str, Any] | None = None
     if saturate_target is not None:
         with progress_bar() as progress:
-            task = progress.add_task("saturation search (round_robin)", total=None)
+            task = progress.add_task(f"saturation search ({saturate_on})", total=None)
 
             def on_probe(p: Probe) -> None:
                 progress.advance(task)
@@ -55,14 +56,21 @@ def run_simulation(
                     task, description=f"saturation search: {p.rate_rps:.2f} req/s -> {p.goodput:.3f}"
                 )
 
-            sat = saturate(setup, workload, target=saturate_target, seeds=seeds, on_probe=on_probe)
+            sat = saturate(
+                setup,
+                workload,
+                target=saturate_target,
+                reference_policy=saturate_on,
+                seeds=seeds,
+                on_probe=on_probe,
+            )
         rate_rps = sat.rate_rps
         saturation = {
             "target": sat.target,
-            "reference_policy": "round_robin",
+            "reference_policy": saturate_on,
             "probes": [{"rate_rps": p.rate_rps, "goodput": p.goodput} for p in sat.probes],
         }
-        err.print(f"saturation: round_robin goodput crosses {sat.target} at {sat.rate_rps:.2f} req/s")
+        err.print(f"saturation: {saturate_on} goodput crosses {sat.target} at {sat.rate_rps:.2f} req/s")
     with progress_bar() as progress:
         task = progress.add_task("simulating", total=len(policies) * len(seeds))
 
@@ -84,6 +92,7 @@ def run_simulation(
                 "tpot_p50_s": r.summary.tpot_p50_s,
                 "tpot_p99_s": r.summary.tpot_p99_s,
                 "status_counts": r.summary.status_counts,
+                "prefix_hit_ratio": r.summary.prefix_hit_ratio,
                 "records": None if r.records_path is None else str(r.records_path),
             }
             for r in results
@@ -94,6 +103,8 @@ def run_simulation(
         "router_calibration": setup.router_calibration.provenance.get("source"),
         "predictor": {"name": setup.predictor, "noise": setup.predictor_noise},
         "sample_interval_s": setup.sample_interval_s,
+        "prefix_source": setup.prefix_source,
+        "kv_event_delay_s": setup.kv_event_delay_s,
         "slo": {
             "tight_ttft_s": setup.profile.calibration.slo.tight_ttft_s,
             "tight_tpot_s": setup.profile.calibration.slo.tight_tpot_s,
@@ -119,12 +130,28 @@ def simulate(
     policies: Annotated[str, typer.Option(help=f"comma-separated, from: {', '.join(policy_names())}")] = (
         DEFAULT_POLICIES
     ),
-    seeds: Annotated[int, typer.Option(min=1, help="runs per policy, seeds 0..K-1")] = 3,
+    seeds: Annotated[int, typer.Option(min=1, help="runs per policy: seeds S..S+K-1")] = 3,
+    first_seed: Annotated[
+        int, typer.Option(min=0, help="S, the first seed (validation apart from training)")
+    ] = 0,
     rate: Annotated[float | None, typer.Option(help="arrival rate, requests/s")] = None,
     saturate_: Annotated[
         bool, typer.Option("--saturate", help="run at the rate where round_robin is mid-collapse")
     ] = False,
-    saturation_target: Annotated[float, typer.Option(help="round_robin goodput defining saturation")] = 0.85,
+    saturation_target: Annotated[float, typer.Option(help="goodput defining saturation")] = 0.85,
+    saturate_on: Annotated[
+        str, typer.Option(help="the policy whose goodput crossing the target defines saturation")
+    ] = "round_robin",
+    prefix_source: Annotated[
+        str,
+        typer.Option(
+            help="what the router's prefix index learns from: approximate (its own placements) "
+            "or precise (the engines' KV events)"
+        ),
+    ] = "approximate",
+    kv_event_delay_s: Annotated[
+        float, typer.Option(min=0.0, help="how late KV events reach the router (precise source)")
+    ] = 0.01,
     requests: Annotated[int, typer.Option(min=1, help="requests per run (a trace: the first N)")] = 2000,
     tight_fraction: Annotated[
         float, typer.Option(min=0.0, max=1.0, help="share of tight-SLO requests")
@@ -167,6 +194,10 @@ def simulate(
         unknown = [p for p in policy_list if p not in policy_names()]
         if unknown or not policy_list:
             raise ConfigError(f"--policies: unknown {unknown}; known: {', '.join(policy_names())}")
+        if saturate_on not in policy_names():
+            raise ConfigError(
+                f"--saturate-on: unknown policy {saturate_on!r}; known: {', '.join(policy_names())}"
+            )
         if trace is not None and not trace.is_file():
             raise ConfigError(f"--trace {trace}: no such file")
         hw = load_profile(profile, calibration)
@@ -179,6 +210,8 @@ def simulate(
             predictor_noise=predictor_noise,
             sample_interval_s=sample_interval_s,
             policy_params=parse_param_options(param or [], policy_list),
+            prefix_source=prefix_source,
+            kv_event_delay_s=kv_event_delay_s,
         )
         source: WorkloadSource = (
             FamilyWorkload(workload.value, requests, tight_fraction)
@@ -189,10 +222,11 @@ def simulate(
             setup,
             source,
             policy_list,
-            list(range(seeds)),
+            list(range(first_seed, first_seed + seeds)),
             rate,
             saturation_target if saturate_ else None,
             out_dir,
+            saturate_on,
         )
     if json_:
         sys.stdout.write(json.dumps(result) + "\n")

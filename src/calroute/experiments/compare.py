@@ -10,6 +10,7 @@ from typing import Any
 
 from calroute.costmodel.calibration import Calibration
 from calroute.costmodel.profiles import HardwareProfile
+from calroute.errors import ConfigError
 from calroute.experiments.saturation import Probe, SaturationResult, find_saturation
 from calroute.results.metrics import RunSink, RunSummary, SummaryAccumulator
 from calroute.results.records import RecordWriter
@@ -20,6 +21,8 @@ from calroute.routing.seeds import RouterSeeds
 from calroute.sim.simulator import ClusterShape, ClusterSim, SimStats
 from calroute.types import PREFIX_BLOCK_TOKENS, RequestSpec
 from calroute.workload.source import WorkloadSource
+
+PREFIX_SOURCES = ("approximate", "precise")
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,16 @@ class SimSetup:
     policy_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     sample_interval_s: float = 0.05
     online_calibration: bool = False  # refit the router's constants from completed requests as they come
+    # Where the router's prefix index learns what each engine caches (docs/prefix.md): "approximate", its
+    # own placements; "precise", the engines' KV events, heard kv_event_delay_s late.
+    prefix_source: str = "approximate"
+    kv_event_delay_s: float = 0.01
+
+    def __post_init__(self) -> None:
+        if self.prefix_source not in PREFIX_SOURCES:
+            raise ConfigError(
+                f"unknown prefix source {self.prefix_source!r}; known: {', '.join(PREFIX_SOURCES)}"
+            )
 
 
 @dataclass(frozen=True)
@@ -71,7 +84,16 @@ def simulate_run(
         online_calibration=setup.online_calibration,
         prefix=prefix,
     )
-    sim = ClusterSim(setup.profile, setup.shape, router, label or policy, setup.sample_interval_s)
+    precise = prefix is not None and setup.prefix_source == "precise"
+    router.record_placements = not precise
+    sim = ClusterSim(
+        setup.profile,
+        setup.shape,
+        router,
+        label or policy,
+        setup.sample_interval_s,
+        kv_event_delay_s=setup.kv_event_delay_s if precise else None,
+    )
     acc = SummaryAccumulator(setup.profile.calibration.slo)
     with ExitStack() as stack:
         sink = RunSink(acc)

@@ -8,15 +8,22 @@ last token is always computed, so at most ``(prompt_tokens - 1) // block_tokens`
 The engine's KV accounting (sim/prefill.py, sim/decode.py) counts each held prompt whole, a shared block
 once per request that holds it; the cache keeps free blocks only in the room that accounting leaves
 (``trim``). Both err the same way: a cluster under heavy sharing holds somewhat fewer blocks than vLLM.
+
+``listener``, when set, hears what vLLM's KV events would say: blocks stored (first cached) and removed
+(evicted), in the order they happen. The simulator delays them to the router's precise index.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
+
+# (stored, blocks): True for BlockStored, False for BlockRemoved
+CacheListener = Callable[[bool, tuple[int, ...]], None]
 
 
 class BlockCache:
-    __slots__ = ("block_tokens", "_pinned", "_free", "hits_tokens", "queried_tokens")
+    __slots__ = ("block_tokens", "_pinned", "_free", "hits_tokens", "queried_tokens", "listener")
 
     def __init__(self, block_tokens: int) -> None:
         self.block_tokens = block_tokens
@@ -24,6 +31,7 @@ class BlockCache:
         self._free: OrderedDict[int, None] = OrderedDict()  # cached, unpinned; oldest first
         self.hits_tokens = 0  # prompt tokens served from cache, over the run
         self.queried_tokens = 0  # prompt tokens of the requests that asked
+        self.listener: CacheListener | None = None
 
     def acquire(self, blocks: tuple[int, ...], prompt_tokens: int) -> int:
         """Pin ``blocks`` for a request; returns its prompt tokens served from cache."""
@@ -32,6 +40,7 @@ class BlockCache:
         limit = (prompt_tokens - 1) // self.block_tokens
         run = 0
         counting = True
+        stored: list[int] = []
         for b in blocks:
             n = pinned.get(b, 0)
             if n:
@@ -41,12 +50,15 @@ class BlockCache:
                 pinned[b] = 1
             else:
                 pinned[b] = 1
+                stored.append(b)
                 counting = False
                 continue
             if counting and run < limit:
                 run += 1
             else:
                 counting = False
+        if stored and self.listener is not None:
+            self.listener(True, tuple(stored))
         cached = run * self.block_tokens
         self.hits_tokens += cached
         self.queried_tokens += prompt_tokens
@@ -68,8 +80,13 @@ class BlockCache:
         """Evict the least recently used free blocks until they fit in ``room_tokens``."""
         free = self._free
         keep = room_tokens // self.block_tokens if room_tokens > 0 else 0
+        if len(free) <= keep:
+            return
+        removed: list[int] = []
         while len(free) > keep:
-            free.popitem(last=False)
+            removed.append(free.popitem(last=False)[0])
+        if self.listener is not None:
+            self.listener(False, tuple(removed))
 
     def holds(self, block: int) -> bool:
         return block in self._pinned or block in self._free

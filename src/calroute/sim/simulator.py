@@ -62,8 +62,14 @@ class ClusterSim:
         sample_interval_s: float = 0.05,
         max_stretch_steps: int | None = None,
         block_tokens: int = PREFIX_BLOCK_TOKENS,
+        kv_event_delay_s: float | None = None,
     ) -> None:
-        """``block_tokens``: the size of the blocks that workloads' ``prefix_blocks`` name."""
+        """``block_tokens``: the size of the blocks that workloads' ``prefix_blocks`` name.
+
+        ``kv_event_delay_s``: the engines publish their prefix caches' changes as vLLM's KV events do, and
+        the router's prefix index hears each this long after it happened (its precise source). None: no
+        events; the router learns only from its own placements, if at all.
+        """
         if sample_interval_s <= 0:
             raise ConfigError(f"sample_interval_s must be > 0, got {sample_interval_s}")
         self.kernel = Kernel()
@@ -122,6 +128,13 @@ class ClusterSim:
         self._last_samples: list[Sample | None] = [None] * len(self._engines)
         self._count = 0
         self._last_arrival_s = 0.0
+        if kv_event_delay_s is not None:
+            if kv_event_delay_s < 0:
+                raise ConfigError(f"kv_event_delay_s must be >= 0, got {kv_event_delay_s}")
+            if router.prefix is None:
+                raise ConfigError("KV events need a router with a prefix index")
+            for engine in self._engines:
+                engine.cache.listener = self._publisher(engine.instance_id, kv_event_delay_s)
 
     # ---- driving ------------------------------------------------------------------------------------
 
@@ -284,6 +297,25 @@ class ClusterSim:
                 cached_tokens=req.cached_prefill_tokens,
             )
         )
+
+    def _publisher(self, instance_id: str, delay_s: float) -> Callable[[bool, tuple[int, ...]], None]:
+        kernel = self.kernel
+        deliver = self._kv_event
+
+        def publish(stored: bool, blocks: tuple[int, ...]) -> None:
+            kernel.at(kernel.now_s + delay_s, deliver, (instance_id, stored, blocks))
+
+        return publish
+
+    def _kv_event(self, event: tuple[str, bool, tuple[int, ...]]) -> None:
+        instance_id, stored, blocks = event
+        index = self._router.prefix
+        if index is None:
+            return
+        if stored:
+            index.stored(instance_id, blocks)
+        else:
+            index.removed(instance_id, blocks)
 
     def _record_samples(self, now: float) -> None:
         """Hand the ledger each engine's metrics as last polled (only this method feeds it samples)."""
