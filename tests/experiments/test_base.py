@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import statistics
 from pathlib import Path
 
@@ -27,22 +28,30 @@ def _cell(goodputs: dict[str, list[float]]) -> CellResult:
 @pytest.mark.parametrize(
     ("goodputs", "label", "expected"),
     [
-        # behind on every trace
-        ({"a": [0.80, 0.85, 0.90], "b": [0.78, 0.82, 0.89]}, "b", "-2.0 [-3.0, -1.0]"),
+        # behind on every trace: a loss, its interval inside the paired differences' range
+        (
+            {"a": [0.80, 0.85, 0.90], "b": [0.78, 0.82, 0.89]},
+            "b",
+            r"-2\.0 \[-(2\.[5-9]|3\.0), -1\.[0-5]\] n=3 loss",
+        ),
         # a tie in disguise: behind on average, ahead on one trace
-        ({"a": [0.80, 0.85, 0.90], "b": [0.70, 0.86, 0.91]}, "b", "-2.7 [-10.0, +1.0]"),
+        (
+            {"a": [0.80, 0.85, 0.90], "b": [0.70, 0.86, 0.91]},
+            "b",
+            r"-2\.7 \[-10\.0, \+1\.0\] n=3 within noise \(n = 3\)",
+        ),
         # the best variant itself
         ({"a": [0.80, 0.85, 0.90], "b": [0.70, 0.86, 0.91]}, "a", "-"),
-        # one seed
-        ({"a": [0.80], "b": [0.75]}, "b", "-5.0"),
+        # one seed: no interval
+        ({"a": [0.80], "b": [0.75]}, "b", r"-5\.0 \(n = 1\)"),
         # only the seeds both variants ran are paired
-        ({"a": [0.80, 0.85, 0.90], "b": [0.79]}, "b", "-1.0"),
+        ({"a": [0.80, 0.85, 0.90], "b": [0.79]}, "b", r"-1\.0 \(n = 1\)"),
     ],
 )
 def test_paired_gap(goodputs: dict[str, list[float]], label: str, expected: str) -> None:
     cell = _cell(goodputs)
     best = max(cell.labels(), key=cell.mean_goodput)
-    assert paired_gap(cell, label, best) == expected
+    assert re.fullmatch(expected, paired_gap(cell, label, best))
 
 
 def test_goodput_table_bolds_the_best_and_shows_paired_gaps() -> None:
@@ -50,7 +59,7 @@ def test_goodput_table_bolds_the_best_and_shows_paired_gaps() -> None:
     head, _, row_a, row_b = table.splitlines()
     assert "vs best, paired (pts)" in head
     assert "**0.850**" in row_a and row_a.count(" - |") >= 1
-    assert "-2.0 [-3.0, -1.0]" in row_b and "**" not in row_b
+    assert "-2.0 [" in row_b and "n=3 loss" in row_b and "**" not in row_b
 
 
 def test_latency_cdfs_without_records_keep_the_plots_already_drawn(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from typing import Protocol
 from calroute.experiments.cells import Cell, CellResult
 from calroute.report import plots
 from calroute.results.records import read_records
+from calroute.results.stats import paired_difference
 from calroute.types import RequestStatus
 
 
@@ -37,7 +38,9 @@ def mean(xs: Sequence[float | None]) -> float | None:
 
 
 def paired_gap(cell: CellResult, label: str, best: str) -> str:
-    """``label`` minus ``best`` in goodput points, paired by seed (the same arrival trace): mean [min, max].
+    """``label`` minus ``best`` in goodput points, paired by seed (the same arrival trace): the mean, its
+    95 % bootstrap interval, n, and the verdict (results/stats.py: a loss only where the interval excludes
+    zero, else "within noise").
 
     The seeds' spread mixes how hard each trace is with run-to-run noise; the paired difference removes the
     first, so a gap that changes sign across traces reads as the tie it is.
@@ -48,8 +51,8 @@ def paired_gap(cell: CellResult, label: str, best: str) -> str:
     if label == best or not diffs:
         return "-"
     if len(diffs) == 1:
-        return f"{diffs[0]:+.1f}"
-    return f"{statistics.fmean(diffs):+.1f} [{min(diffs):+.1f}, {max(diffs):+.1f}]"
+        return f"{diffs[0]:+.1f} (n = 1)"
+    return paired_difference(diffs, [0.0] * len(diffs)).describe(digits=1)
 
 
 def goodput_table(
