@@ -61,9 +61,11 @@ class PrefixIndex:
 
     def _credit(self, out: dict[str, int], mask: int, run: int) -> None:
         tokens = run * self.block_tokens
-        for i, iid in enumerate(self._ids):
-            if mask >> i & 1:
-                out[iid] = tokens
+        ids = self._ids
+        while mask:  # over the set bits only: a 256-engine pool loses a few engines per block
+            low = mask & -mask
+            out[ids[low.bit_length() - 1]] = tokens
+            mask ^= low
 
     def blocks_held(self, instance_id: str) -> int:
         return len(self._lru[instance_id])
