@@ -15,14 +15,16 @@ from calroute.experiments.compare import SimSetup, saturate, simulate_run
 from calroute.experiments.saturation import SaturationResult
 from calroute.routing.variant import Variant
 from calroute.sim.simulator import ClusterShape
-from calroute.workload.source import FamilyWorkload
+from calroute.workload.source import workload_source
 
 
 class Backend(Protocol):
     name: str
 
-    def saturation_rate(self, prefill: int, decode: int, workload: str, requests: int) -> float:
-        """The rate at which round-robin's goodput crosses 0.85 on this setup."""
+    def saturation_rate(
+        self, prefill: int, decode: int, workload: str, requests: int, policy: str = "round_robin"
+    ) -> float:
+        """The rate at which ``policy``'s goodput crosses 0.85 on this setup."""
         ...
 
     def run_cell(
@@ -67,12 +69,18 @@ class SimBackend:
             online_calibration=variant.router == "online",
         )
 
-    def saturation_rate(self, prefill: int, decode: int, workload: str, requests: int) -> float:
-        return self.saturation(prefill, decode, workload, requests).rate_rps
+    def saturation_rate(
+        self, prefill: int, decode: int, workload: str, requests: int, policy: str = "round_robin"
+    ) -> float:
+        return self.saturation(prefill, decode, workload, requests, policy).rate_rps
 
-    def saturation(self, prefill: int, decode: int, workload: str, requests: int) -> SaturationResult:
-        setup = self._setup(prefill, decode, Variant("round_robin", "round_robin"))
-        return saturate(setup, FamilyWorkload(workload, requests), seeds=SATURATION_SEEDS)
+    def saturation(
+        self, prefill: int, decode: int, workload: str, requests: int, policy: str = "round_robin"
+    ) -> SaturationResult:
+        setup = self._setup(prefill, decode, Variant(policy, policy))
+        return saturate(
+            setup, workload_source(workload, requests), reference_policy=policy, seeds=SATURATION_SEEDS
+        )
 
     def run_cell(
         self,
@@ -83,7 +91,7 @@ class SimBackend:
         records_dir: Path,
         on_run: Callable[[Run], None],
     ) -> list[Run]:
-        source = FamilyWorkload(cell.workload, requests)
+        source = workload_source(cell.workload, requests)
         runs = []
         for seed in seeds:
             reqs = source.requests(rate_rps, seed)

@@ -20,13 +20,18 @@ class Cell:
     key: str  # unique in its experiment; used in file names
     prefill: int
     decode: int
-    workload: str  # a family name (chat, document, reasoning, mixed-bursty)
+    workload: str  # a family name (chat, document, ...), or a trace file's path (workload/source.py)
     variants: tuple[Variant, ...]
     rate_rps: float | None = None  # fixed rate; None: saturate
     saturate_like: tuple[int, int] | None = (
         None  # saturate on this (prefill, decode) shape instead of our own
     )
     rate_factor: float = 1.0  # multiply the saturation rate (e.g. 0.7 for a steady, unsaturated load)
+    # The policies whose goodput crossing the target sets the rate: the highest of their crossing rates,
+    # so that a comparison sits where the strongest of them starts to fail.
+    saturate_on: tuple[str, ...] = ("round_robin",)
+    # Policies whose crossing rates are measured for the report too (CellResult.tags["saturation_rps"]).
+    measure_saturation_of: tuple[str, ...] = ()
     tags: dict[str, Any] = field(default_factory=dict)  # what the report groups by (e.g. {"decode": 3})
 
     @property

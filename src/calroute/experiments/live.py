@@ -21,7 +21,7 @@ from calroute.experiments.saturation import find_saturation
 from calroute.harness.gates import require_gates
 from calroute.harness.live import LiveSetup, run_variant
 from calroute.routing.variant import Variant
-from calroute.workload.source import FamilyWorkload
+from calroute.workload.source import workload_source
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -93,7 +93,7 @@ class LiveBackend:
         seed: int,
         run_dir: Path,
     ) -> Run:
-        reqs = FamilyWorkload(workload, requests).requests(rate, seed)
+        reqs = workload_source(workload, requests).requests(rate, seed)
         live = run_variant(setup, variant, reqs, run_dir, seed=seed)
         if not live.valid:
             self.progress(
@@ -102,13 +102,15 @@ class LiveBackend:
             )
         return Run(variant.label, seed, live.summary)
 
-    def saturation_rate(self, prefill: int, decode: int, workload: str, requests: int) -> float:
+    def saturation_rate(
+        self, prefill: int, decode: int, workload: str, requests: int, policy: str = "round_robin"
+    ) -> float:
         from calroute.costmodel.profiles import profile_from_calibration
         from calroute.experiments.backends import SimBackend
 
         setup = self.setup_for(prefill, decode)
         sim = SimBackend(profile_from_calibration(setup.calibration)).saturation(
-            prefill, decode, workload, requests
+            prefill, decode, workload, requests, policy
         )
         if self.saturation == "sim":
             self.progress(
@@ -127,19 +129,20 @@ class LiveBackend:
             f"  live search from {start_rps:.2f} req/s, half the calibrated simulator's "
             f"{sim.rate_rps:.2f}{note}"
         )
-        probes_dir = self.work_dir / f"{prefill}P{decode}D" / f"saturation-{workload}"
+        suffix = "" if policy == "round_robin" else f"-{policy}"
+        probes_dir = self.work_dir / f"{prefill}P{decode}D" / f"saturation-{Path(workload).name}{suffix}"
 
         def measure(rate: float) -> float:
             run = self._run(
                 setup,
-                Variant("round_robin", "round_robin"),
+                Variant(policy, policy),
                 workload,
                 requests,
                 rate,
                 0,
                 probes_dir / f"rate-{rate:.4f}",
             )
-            self.progress(f"  probe {rate:.2f} req/s: round_robin goodput {run.summary.goodput:.3f}")
+            self.progress(f"  probe {rate:.2f} req/s: {policy} goodput {run.summary.goodput:.3f}")
             return run.summary.goodput
 
         return find_saturation(

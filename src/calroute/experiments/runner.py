@@ -96,14 +96,22 @@ def run_experiment(
                 f"{exp.name}/{cell.key}: saved with other variants, parameters or scale: running it again"
             )
         rate = cell.rate_rps
-        if rate is None:
+        tags = dict(cell.tags)
+        if rate is None or cell.measure_saturation_of:
             p, d = cell.saturation_shape
-            key = f"{p}P{d}D:{cell.workload}"
-            if key not in saturation:
-                progress(f"{exp.name}: saturation search on {key}")
-                saturation[key] = backend.saturation_rate(p, d, cell.workload, scale.requests)
-                _write_json(sat_path, saturation)
-            rate = saturation[key] * cell.rate_factor
+            rates: dict[str, float] = {}
+            for policy in dict.fromkeys((*cell.saturate_on, *cell.measure_saturation_of)):
+                # round_robin's key is the one saved before other policies could be searched on
+                key = f"{p}P{d}D:{cell.workload}" + ("" if policy == "round_robin" else f":{policy}")
+                if key not in saturation:
+                    progress(f"{exp.name}: saturation search on {key}")
+                    saturation[key] = backend.saturation_rate(p, d, cell.workload, scale.requests, policy)
+                    _write_json(sat_path, saturation)
+                rates[policy] = saturation[key]
+            if cell.measure_saturation_of:
+                tags["saturation_rps"] = rates
+            if rate is None:
+                rate = max(rates[policy] for policy in cell.saturate_on) * cell.rate_factor
         progress(
             f"{exp.name}/{cell.key}: {len(cell.variants)} variants x {len(scale.seeds)} seeds "
             f"at {rate:.2f} req/s"
@@ -115,7 +123,7 @@ def run_experiment(
         runs = backend.run_cell(
             cell, rate, scale.seeds, scale.requests, exp_dir / "records" / cell.key, on_run
         )
-        result = CellResult(cell.key, backend.name, rate, tuple(runs), dict(cell.tags))
+        result = CellResult(cell.key, backend.name, rate, tuple(runs), tags)
         _write_json(path, {**result.to_dict(), "definition": definition, "git_commit": commit})
         results.append(result)
     _write_json(exp_dir / "results.json", [r.to_dict() for r in results])

@@ -48,6 +48,16 @@ class FamilyWorkload:
         return {"workload": self.family, "requests": self.n_requests, "tight_fraction": self.tight_fraction}
 
 
+def workload_source(name: str, n_requests: int, tight_fraction: float = 0.5) -> WorkloadSource:
+    """A family by name, or else a trace file at that path (what an experiment's cell names)."""
+    if name in FAMILIES:
+        return FamilyWorkload(name, n_requests, tight_fraction)
+    path = Path(name)
+    if not path.is_file():
+        raise ConfigError(f"workload {name!r} is neither a family ({', '.join(FAMILIES)}) nor a trace file")
+    return TraceWorkload(path, n_requests, tight_fraction)
+
+
 class TraceWorkload:
     """A trace file; its arrivals are rescaled to the requested rate (the factor is reported)."""
 

@@ -1,0 +1,83 @@
+"""The experiment runner: the saturation rate a cell runs at, and what it records of it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from calroute.experiments.cells import Cell, CellResult, Run
+from calroute.experiments.runner import Scale, run_experiment
+from calroute.results.metrics import RunSummary
+from calroute.routing.variant import Variant
+
+CROSSING_RPS = {"round_robin": 4.0, "least_loaded": 6.0, "cache_aware": 9.0, "marginal_cost": 10.0}
+
+
+class FakeBackend:
+    name = "fake"
+
+    def __init__(self) -> None:
+        self.searched: list[str] = []
+        self.rates: list[float] = []
+
+    def saturation_rate(
+        self, prefill: int, decode: int, workload: str, requests: int, policy: str = "round_robin"
+    ) -> float:
+        self.searched.append(policy)
+        return CROSSING_RPS[policy]
+
+    def run_cell(
+        self,
+        cell: Cell,
+        rate_rps: float,
+        seeds: Sequence[int],
+        requests: int,
+        records_dir: Path,
+        on_run: Callable[[Run], None],
+    ) -> list[Run]:
+        self.rates.append(rate_rps)
+        summary = RunSummary(10, 10, 9, 0.9, 0.1, 0.2, 0.01, 0.02, 1.0, 9.0, {"ok": 10})
+        return [Run(v.label, s, summary) for s in seeds for v in cell.variants]
+
+
+class OneCell:
+    name = "one"
+    title = "one cell"
+
+    def __init__(self, cell: Cell) -> None:
+        self.cell = cell
+
+    def cells(self, quick: bool) -> list[Cell]:
+        return [self.cell]
+
+    def report(self, results: list[CellResult], exp_dir: Path) -> str:
+        return ""
+
+
+def test_a_cell_runs_where_the_strongest_of_its_reference_policies_crosses(tmp_path: Path) -> None:
+    cell = Cell(
+        "c",
+        2,
+        4,
+        "chat",
+        (Variant("marginal_cost", "marginal_cost"),),
+        saturate_on=("least_loaded", "cache_aware"),
+        measure_saturation_of=("marginal_cost", "least_loaded"),
+    )
+    backend = FakeBackend()
+    (result,) = run_experiment(OneCell(cell), backend, False, tmp_path, scale=Scale(10, (0, 1)))
+    assert backend.rates == [9.0] and result.rate_rps == 9.0
+    assert result.tags["saturation_rps"] == {"least_loaded": 6.0, "cache_aware": 9.0, "marginal_cost": 10.0}
+    assert sorted(backend.searched) == ["cache_aware", "least_loaded", "marginal_cost"]
+    # a second run reuses the saved searches and the saved cell
+    again = FakeBackend()
+    run_experiment(OneCell(cell), again, False, tmp_path, scale=Scale(10, (0, 1)))
+    assert again.searched == [] and again.rates == []
+
+
+def test_by_default_round_robin_sets_the_rate(tmp_path: Path) -> None:
+    cell = Cell("c", 2, 4, "chat", (Variant("round_robin", "round_robin"),), rate_factor=0.5)
+    backend = FakeBackend()
+    (result,) = run_experiment(OneCell(cell), backend, False, tmp_path, scale=Scale(10, (0,)))
+    assert backend.searched == ["round_robin"] and result.rate_rps == 2.0
+    assert "saturation_rps" not in result.tags
