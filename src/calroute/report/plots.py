@@ -99,12 +99,19 @@ def cdfs(
 
 
 def scatter(
-    path: Path, points: Mapping[str, tuple[float, float]], xlabel: str, ylabel: str, title: str
+    path: Path,
+    points: Mapping[str, tuple[float, float]],
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    diagonal: bool = True,
 ) -> str:
+    """One point per name, on [0, 1] x [0, 1]; ``diagonal`` draws y = x (for predicted against measured)."""
     fig, ax = plt.subplots(figsize=(4.8, 4.8))
     for i, (name, (x, y)) in enumerate(points.items()):
         ax.scatter([x], [y], label=name, color=_COLORS[i % len(_COLORS)])
-    ax.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1)
+    if diagonal:
+        ax.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1)
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     ax.set_xlabel(xlabel)
