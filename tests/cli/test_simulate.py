@@ -20,6 +20,7 @@ from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile
 from calroute.engines.cluster import ClusterFile
 from calroute.engines.procs import process_group_alive, stop_process_group
 from calroute.experiments import get_experiment
+from calroute.policies import POLICIES, SIM_ONLY_POLICIES
 from calroute.results.records import read_records
 
 TRACES = Path(__file__).resolve().parents[2] / "data" / "traces"
@@ -72,6 +73,17 @@ def test_first_seed_moves_the_seeds_and_the_requests_with_them() -> None:
     later = runs("--policies", "round_robin", "--seeds", "2", "--first-seed", "5")
     assert set(later) == {5, 6}
     assert runs("--policies", "round_robin", "--seeds", "1", "--first-seed", "6") == {6: later[6]}
+
+
+def test_simulate_policies_all_runs_every_registered_policy() -> None:
+    code, out, err = invoke(
+        "simulate", "--workload", "chat", "--rate", "8", "--seeds", "1", "--requests", "40",
+        "--policies", "all", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    ran = [r["policy"] for r in json.loads(out)["runs"]]
+    assert ran == [p for p in POLICIES if p not in SIM_ONLY_POLICIES]
+    assert {"prefix_scorer_mix", "kv_overlap_cost", "cache_aware", "marginal_cost"} <= set(ran)
 
 
 def test_simulate_sample_interval_reaches_the_engines_samples() -> None:

@@ -24,7 +24,7 @@ from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile, profile_na
 from calroute.errors import ConfigError
 from calroute.experiments.compare import RunResult, SimSetup, compare, saturate
 from calroute.experiments.saturation import Probe
-from calroute.policies import policy_names
+from calroute.policies import ALL_POLICIES, expand_policy_list, policy_names
 from calroute.results.tables import RunRow, markdown_table
 from calroute.sim.simulator import ClusterShape
 from calroute.workload.families import FAMILIES
@@ -127,9 +127,13 @@ def simulate(
     ] = None,
     prefill: Annotated[int, typer.Option(min=1, help="prefill instances")] = 2,
     decode: Annotated[int, typer.Option(min=1, help="decode instances")] = 4,
-    policies: Annotated[str, typer.Option(help=f"comma-separated, from: {', '.join(policy_names())}")] = (
-        DEFAULT_POLICIES
-    ),
+    policies: Annotated[
+        str,
+        typer.Option(
+            help=f"comma-separated, from: {ALL_POLICIES} (every policy but simulator-only ones), "
+            f"{', '.join(policy_names())}"
+        ),
+    ] = DEFAULT_POLICIES,
     seeds: Annotated[int, typer.Option(min=1, help="runs per policy: seeds S..S+K-1")] = 3,
     first_seed: Annotated[
         int, typer.Option(min=0, help="S, the first seed (validation apart from training)")
@@ -190,10 +194,10 @@ def simulate(
             raise ConfigError(f"--rate must be > 0, got {rate}")
         if not sample_interval_s > 0:
             raise ConfigError(f"--sample-interval-s must be > 0, got {sample_interval_s}")
-        policy_list = [p.strip() for p in policies.split(",") if p.strip()]
-        unknown = [p for p in policy_list if p not in policy_names()]
-        if unknown or not policy_list:
-            raise ConfigError(f"--policies: unknown {unknown}; known: {', '.join(policy_names())}")
+        try:
+            policy_list = expand_policy_list(policies)
+        except ConfigError as e:
+            raise ConfigError(f"--policies: {e}") from e
         if saturate_on not in policy_names():
             raise ConfigError(
                 f"--saturate-on: unknown policy {saturate_on!r}; known: {', '.join(policy_names())}"

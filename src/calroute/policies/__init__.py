@@ -8,10 +8,13 @@ from typing import Any
 from calroute.costmodel.calibration import Calibration
 from calroute.errors import ConfigError
 from calroute.policies import (
+    cache_aware,
+    kv_overlap_cost,
     least_loaded,
     length_heuristic,
     marginal_cost,
     power_of_two,
+    prefix_scorer_mix,
     queue_kv,
     random_pick,
     round_robin,
@@ -38,7 +41,41 @@ POLICIES: dict[str, _Factory] = {
     "marginal_cost": lambda raw, cal: marginal_cost.MarginalCost(
         parse_params("marginal_cost", marginal_cost.Params, raw), cal
     ),
+    # prefix-aware peers (docs/prefix.md)
+    "prefix_scorer_mix": lambda raw, cal: prefix_scorer_mix.PrefixScorerMix(
+        parse_params("prefix_scorer_mix", prefix_scorer_mix.Params, raw)
+    ),
+    "kv_overlap_cost": lambda raw, cal: kv_overlap_cost.KvOverlapCost(
+        parse_params("kv_overlap_cost", kv_overlap_cost.Params, raw)
+    ),
+    "cache_aware": lambda raw, cal: cache_aware.CacheAware(
+        parse_params("cache_aware", cache_aware.Params, raw)
+    ),
 }
+
+# Policies that only the simulator can run (e.g. one that reads what a live router cannot know): left out
+# of ``all``, and run only when named.
+SIM_ONLY_POLICIES: frozenset[str] = frozenset()
+
+ALL_POLICIES = "all"
+
+
+def expand_policy_list(spec: str) -> list[str]:
+    """A comma-separated list of policy names, in its order, duplicates dropped; ``all`` stands for every
+    registered policy but the simulator-only ones, in registry order. An unknown name is a ConfigError."""
+    out: list[str] = []
+    for name in (p.strip() for p in spec.split(",")):
+        if not name:
+            continue
+        names = [p for p in POLICIES if p not in SIM_ONLY_POLICIES] if name == ALL_POLICIES else [name]
+        for n in names:
+            if n not in POLICIES:
+                raise ConfigError(f"unknown policy {n!r}; known: {ALL_POLICIES}, {', '.join(POLICIES)}")
+            if n not in out:
+                out.append(n)
+    if not out:
+        raise ConfigError(f"no policy given; known: {ALL_POLICIES}, {', '.join(POLICIES)}")
+    return out
 
 
 def policy_names() -> list[str]:
@@ -52,4 +89,12 @@ def make_policy(name: str, params: Mapping[str, Any], calibration: Calibration) 
     return factory(params, calibration)
 
 
-__all__ = ["POLICIES", "RoutingPolicy", "make_policy", "policy_names"]
+__all__ = [
+    "ALL_POLICIES",
+    "POLICIES",
+    "SIM_ONLY_POLICIES",
+    "RoutingPolicy",
+    "expand_policy_list",
+    "make_policy",
+    "policy_names",
+]
