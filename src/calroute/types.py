@@ -93,7 +93,8 @@ class InstanceState(SlottedValue):
 
     ``in_flight``, ``backlog_s`` and ``kv_committed_tokens`` come from the in-flight ledger (the router's own
     bookkeeping, fresh). ``cached_tokens`` is about the request being routed: how many of its prompt tokens
-    the router's prefix index expects this engine to hold already (0 without prefix information).
+    the router's prefix index expects this engine to hold already (0 without prefix information), and
+    ``evicted_reuse_ratio`` the share of the blocks it evicted lately that a later request wanted back.
     ``kv_used_tokens``, ``running`` and ``waiting`` come from the engine's metrics, sampled periodically, so
     they may be up to one sampling period old (``metrics_age_s``).
     """
@@ -111,6 +112,7 @@ class InstanceState(SlottedValue):
         "waiting",
         "metrics_age_s",
         "cached_tokens",
+        "evicted_reuse_ratio",
     )
     __slots__ = _fields
 
@@ -128,6 +130,7 @@ class InstanceState(SlottedValue):
         waiting: int,
         metrics_age_s: float,
         cached_tokens: int = 0,
+        evicted_reuse_ratio: float = 0.0,
     ) -> None:
         self.instance_id: Final = instance_id
         self.role: Final = role
@@ -141,6 +144,7 @@ class InstanceState(SlottedValue):
         self.waiting: Final = waiting
         self.metrics_age_s: Final = metrics_age_s
         self.cached_tokens: Final = cached_tokens
+        self.evicted_reuse_ratio: Final = evicted_reuse_ratio
 
 
 class ClusterView(SlottedValue):

@@ -328,3 +328,25 @@ def test_marginal_cost_charges_decode_only_the_blocks_it_must_pull(calibration: 
     assert d.decode_scores[1] < d.decode_scores[2] < d.decode_scores[0] == d.decode_scores[3]
     off = make_policy("marginal_cost", {"use_prefix_cache": False}, calibration)
     assert off.route(make_admission(prompt_tokens=8192), view).decode_id == "decode-0"  # a four-way tie
+
+
+def test_marginal_cost_prices_what_a_prompt_would_evict(calibration: Calibration) -> None:
+    # equal queues; prefill-1 holds a quarter of the prompt, prefill-0 nothing; loose SLO (sigma 1)
+    view = make_view(
+        prefill=[{"evicted_reuse_ratio": 0.9}, {"cached_tokens": 2048, "evicted_reuse_ratio": 0.9}]
+    )
+    adm = make_admission(prompt_tokens=8192)
+    saved_s = 2048 * calibration.tau_pre_s
+
+    def gap(params: dict[str, Any]) -> float:
+        scores = make_policy("marginal_cost", params, calibration).route(adm, view).prefill_scores
+        return scores[0] - scores[1]
+
+    # the holder saves the tokens it has, and the evictions computing them would cause
+    assert gap({}) == pytest.approx(saved_s + 0.9 * saved_s)
+    assert gap({"w_evict": 0.0}) == pytest.approx(saved_s)
+    assert gap({"use_prefix_cache": False}) == pytest.approx(0.0)
+    # without reuse evidence the eviction price is nothing
+    quiet = make_view(prefill=[{}, {"cached_tokens": 2048}])
+    scores = make_policy("marginal_cost", {}, calibration).route(adm, quiet).prefill_scores
+    assert scores[0] - scores[1] == pytest.approx(saved_s)

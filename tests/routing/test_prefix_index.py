@@ -73,3 +73,26 @@ def test_removed_and_cleared_forget_only_that_engine() -> None:
 def test_block_size_must_be_positive() -> None:
     with pytest.raises(ConfigError, match="block size"):
         PrefixIndex([], block_tokens=0)
+
+
+def test_the_evicted_reuse_ratio_counts_evictions_wanted_back() -> None:
+    ix = index(capacity_blocks=4, n=2)
+    assert ix.reuse_ratio("e0") == 0.0  # nothing evicted yet: no evidence
+    ix.placed("e0", (1, 2, 3, 4))
+    ix.placed("e0", (5, 6))  # evicts 1 and 2
+    assert ix.reuse_ratio("e0") == 0.0
+    ix.placed("e0", (1,))  # 1 wanted back (and 3 evicted): one regret in three evictions
+    assert ix.reuse_ratio("e0") == pytest.approx(1 / 3, rel=0.2)
+    ix.placed("e1", (2,))  # wanted again, but on another engine: e0 is not charged
+    assert ix.reuse_ratio("e0") == pytest.approx(1 / 3, rel=0.2) and ix.reuse_ratio("e1") == 0.0
+    # a stream of blocks never seen again drives it down
+    ix.placed("e0", range(100, 200))
+    assert ix.reuse_ratio("e0") < 0.05
+
+
+def test_removed_events_count_as_evictions_too() -> None:
+    ix = index(capacity_blocks=10, n=1)
+    ix.stored("e0", (1, 2))
+    ix.removed("e0", (1, 2))
+    ix.stored("e0", (1,))
+    assert ix.reuse_ratio("e0") == pytest.approx(0.5, rel=0.2)

@@ -43,6 +43,13 @@ NixlConnector pulls only the blocks the decode engine does not hold, so each dec
 charged ``sigma * w_s * transfer_s(prompt - cached(d))`` from the calibrated transfer model (a constant
 across candidates when none holds anything, so it moves nothing then).
 
+A prompt computed at p also displaces as many tokens of p's cache, and some of them a later request would
+have hit: that recompute is part of this request's marginal cost. ``reuse(p)``, the index's evicted-reuse
+ratio for p (the share of p's recent evictions that a later request sent to p asked for again), prices it:
+``sigma * w_evict * reuse(p) * (prompt - cached(p)) * tau_pre``. On traffic without reuse the ratio is 0 and
+the term vanishes; where prefixes recur, it keeps each prefix where it is instead of copying it to every
+engine, which the request's own saving alone did not (docs/prefix.md has what it measured).
+
 Feature switches remove one admission-time feature at a time (the paper's ablation, section V-G):
 use_output_length=False prices every request at ``fallback_output_tokens``; use_kv_pressure=False drops the
 (1 + rho * press) factor; use_slo=False sets sigma to 1 for every class; use_prompt_length=False drops the
@@ -77,13 +84,16 @@ class Params:
     use_slo: bool = True
     use_prompt_length: bool = True
     use_prefix_cache: bool = True
+    # Weight of the eviction price: a prompt computed on an engine displaces that many tokens of its cache,
+    # each wanted back with the engine's evicted-reuse ratio. See the module docstring.
+    w_evict: float = 1.0
     fallback_output_tokens: int = 256  # the price of every request when output length is not used
     # Price decode with the calibrated step curve after admission instead of tau_dec x (1 + rho x press):
     # see the module docstring.
     step_curve: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("w_b", "w_b_dec", "w_s", "w_q", "w_cobatch", "rho"):
+        for name in ("w_b", "w_b_dec", "w_s", "w_q", "w_cobatch", "rho", "w_evict"):
             check(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("sigma_tight", "sigma_loose"):
             check(getattr(self, name) > 0, f"{name} must be > 0, got {getattr(self, name)}")
@@ -128,6 +138,8 @@ class MarginalCost:
             if compute < 0:
                 compute = 0
             own_pre_s = pr.w_s * compute * tau_pre_s
+            if prefix and s.evicted_reuse_ratio:
+                own_pre_s += pr.w_evict * s.evicted_reuse_ratio * compute * tau_pre_s
             per_queued_s = w_q + pr.w_cobatch * compute * tau_pre_s
             costs.append(sigma * (w_b * s.backlog_s + own_pre_s) + per_queued_s * s.in_flight)
         pre_costs = tuple(costs)

@@ -264,7 +264,7 @@ class Ledger:
         started_s = b.expiry_sum_s - float(len(active)) * now_s if active else 0.0
         return pending_s + started_s if started_s > 0.0 else pending_s  # max(): a generic call compiled
 
-    def _state(self, b: _Book, now_s: float, cached_tokens: int = 0) -> InstanceState:
+    def _state(self, b: _Book, now_s: float, cached_tokens: int = 0, reuse: float = 0.0) -> InstanceState:
         s = b.spec
         return InstanceState(
             s.instance_id,
@@ -279,11 +279,31 @@ class Ledger:
             b.waiting,
             float("inf") if b.sampled_at_s is None else now_s - b.sampled_at_s,
             cached_tokens,
+            reuse,
         )
 
-    def view(self, now_s: float, cached_tokens: dict[str, int] | None = None) -> ClusterView:
+    def view(
+        self,
+        now_s: float,
+        cached_tokens: dict[str, int] | None = None,
+        reuse: dict[str, float] | None = None,
+    ) -> ClusterView:
         """The pools now; ``cached_tokens`` (instance id -> tokens) is the prefix index's answer for the
-        request being routed, absent instances holding none of it."""
+        request being routed, absent instances holding none of it; ``reuse`` its evicted-reuse ratios."""
+        if reuse is not None:
+            cached = cached_tokens or {}
+            return ClusterView(
+                now_s,
+                self.decisions,
+                tuple(
+                    self._state(b, now_s, cached.get(b.spec.instance_id, 0), reuse[b.spec.instance_id])
+                    for b in self._prefill
+                ),
+                tuple(
+                    self._state(b, now_s, cached.get(b.spec.instance_id, 0), reuse[b.spec.instance_id])
+                    for b in self._decode
+                ),
+            )
         if not cached_tokens:
             return ClusterView(
                 now_s,

@@ -37,6 +37,12 @@ class PrefixIndex:
         }
         self._lru: dict[str, OrderedDict[int, None]] = {iid: OrderedDict() for iid in self._ids}
         self._holders: dict[int, int] = {}
+        # Blocks each engine evicted lately (bounded like its cache), and how many of its evictions a
+        # later request wanted back: decayed over about one cache's worth of evictions.
+        self._ghost: dict[str, OrderedDict[int, None]] = {iid: OrderedDict() for iid in self._ids}
+        self._evicted = dict.fromkeys(self._ids, 0.0)
+        self._regretted = dict.fromkeys(self._ids, 0.0)
+        self._decay = {iid: 1.0 - 1.0 / cap for iid, cap in self._capacity_blocks.items()}
 
     # ---- queries ------------------------------------------------------------------------------------
 
@@ -67,6 +73,15 @@ class PrefixIndex:
             out[ids[low.bit_length() - 1]] = tokens
             mask ^= low
 
+    def reuse_ratio(self, instance_id: str) -> float:
+        """Of the blocks this engine evicted lately, the share that a later request wanted back: what one
+        more evicted block is likely to cost, as a probability of recomputing it."""
+        evicted = self._evicted[instance_id]
+        return self._regretted[instance_id] / evicted if evicted >= 1.0 else 0.0
+
+    def reuse_ratios(self) -> dict[str, float]:
+        return {iid: self.reuse_ratio(iid) for iid in self._ids}
+
     def blocks_held(self, instance_id: str) -> int:
         return len(self._lru[instance_id])
 
@@ -85,25 +100,32 @@ class PrefixIndex:
         lru = self._lru[instance_id]
         bit = self._bit[instance_id]
         holders = self._holders
+        ghost = self._ghost[instance_id]
         for b in blocks:
             if b in lru:
                 lru.move_to_end(b)
             else:
                 lru[b] = None
                 holders[b] = holders.get(b, 0) | bit
+                if b in ghost:
+                    del ghost[b]
+                    self._regretted[instance_id] += 1.0
         cap = self._capacity_blocks[instance_id]
         while len(lru) > cap:
             old, _ = lru.popitem(last=False)
             self._drop(old, bit)
+            self._evict(instance_id, old, cap)
 
     def removed(self, instance_id: str, blocks: Iterable[int]) -> None:
         """The engine evicted these blocks (unknown ones are ignored: events may overtake the index)."""
         lru = self._lru[instance_id]
         bit = self._bit[instance_id]
+        cap = self._capacity_blocks[instance_id]
         for b in blocks:
             if b in lru:
                 del lru[b]
                 self._drop(b, bit)
+                self._evict(instance_id, b, cap)
 
     def cleared(self, instance_id: str) -> None:
         """The engine dropped its whole cache (vLLM's AllBlocksCleared; also a restarted engine)."""
@@ -112,6 +134,15 @@ class PrefixIndex:
         for b in lru:
             self._drop(b, bit)
         lru.clear()
+
+    def _evict(self, instance_id: str, block: int, cap: int) -> None:
+        ghost = self._ghost[instance_id]
+        ghost[block] = None
+        if len(ghost) > cap:
+            ghost.popitem(last=False)
+        d = self._decay[instance_id]
+        self._evicted[instance_id] = self._evicted[instance_id] * d + 1.0
+        self._regretted[instance_id] *= d
 
     def _drop(self, block: int, bit: int) -> None:
         rest = self._holders.get(block, 0) & ~bit

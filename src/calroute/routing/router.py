@@ -96,7 +96,8 @@ class Router:
         index = self.prefix
         match = index.match(prefix_blocks) if index is not None and prefix_blocks else {}
         self.last_match = match
-        view = _panic(self.ledger.view(now_s, match))
+        reuse = index.reuse_ratios() if index is not None and prefix_blocks else None
+        view = _panic(self.ledger.view(now_s, match, reuse))
         decision = self.policy.route(adm, view)
         if self.on_decision is not None:
             self.on_decision(adm, view, decision)
