@@ -17,8 +17,10 @@ from calroute.costmodel.calibration import SloTargets
 from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile
 from calroute.costmodel.slo import resolve_slo
 from calroute.experiments.backends import SimBackend
+from calroute.experiments.cells import CellResult, Run
 from calroute.experiments.live import LiveBackend
 from calroute.proxy.config import ProxyConfig
+from calroute.results.metrics import summarize
 from tests.conftest import unreachable_cluster
 
 CAL = get_profile(DEFAULT_PROFILE).calibration
@@ -66,8 +68,11 @@ def serve(
 
 
 def _capture_run_experiment(
-    monkeypatch: pytest.MonkeyPatch, seen: list[SloTargets], shape: tuple[int, int]
+    monkeypatch: pytest.MonkeyPatch, seen: list[SloTargets], shape: tuple[int, int], result: Any = None
 ) -> None:
+    """The runner's entry point replaced: it notes the targets the backend judges by, then returns ``result``
+    (or stops the command where its runs would start)."""
+
     def run_experiment(exp: Any, backend: Any, *args: Any, slo: Any, **kwargs: Any) -> Any:
         if isinstance(backend, SimBackend):
             judged = backend.profile.calibration.slo
@@ -77,7 +82,9 @@ def _capture_run_experiment(
             # `run`: the cluster at hand, judged by the spec; an experiment's clusters are not brought up here
             judged = backend.setup_for(*shape).calibration.slo if backend.fixed else backend.slo.resolve(CAL)
         seen.append(judged)
-        raise Reached
+        if result is None:
+            raise Reached
+        return result
 
     monkeypatch.setattr("calroute.experiments.runner.run_experiment", run_experiment)
 
@@ -90,7 +97,9 @@ def run(
     CAL.save(cal)
     seen: list[SloTargets] = []
     monkeypatch.setattr("calroute.harness.gates.require_gates", lambda c: [])
-    _capture_run_experiment(monkeypatch, seen, (1, 1))
+    # one run with no requests: enough for the command to write its summary and table
+    runs = (Run("round_robin", 0, summarize([], CAL.slo)),)
+    _capture_run_experiment(monkeypatch, seen, (1, 1), [CellResult("1P1D", "emulated", 1.0, runs)])
     argv = [
         "run",
         "--cluster",
@@ -103,7 +112,10 @@ def run(
         str(tmp_path),
     ]
     res = CliRunner().invoke(app, [*argv, *slo])
-    return (0 if isinstance(res.exception, Reached) else res.exit_code), res.stderr, seen[0] if seen else None
+    if res.exit_code == 0:  # summary.json names the spec and gives the targets, as simulate --json does
+        doc = json.loads((tmp_path / "summary.json").read_text())["slo"]
+        assert doc == {"spec": slo[1] if slo else "paper", **seen[0].to_dict()}
+    return res.exit_code, res.stderr, seen[0] if seen else None
 
 
 def experiment(

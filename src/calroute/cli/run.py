@@ -93,10 +93,13 @@ def run(
             extra_manifest={"cluster": str(cluster), "calibration": cal.provenance},
             slo=slo_spec,
         )
-    (out / "summary.json").write_text(json.dumps(summary_json(result), indent=2) + "\n")
+    # as `calroute simulate --json` names them: the spec, and the targets it set on this cluster's calibration
+    slo_json = {"spec": slo_spec.name, **slo_spec.resolve(cal).to_dict()}
+    (out / "summary.json").write_text(json.dumps({**summary_json(result), "slo": slo_json}, indent=2) + "\n")
     stats = SimStats(0, 0, 0.0, 0, {})
     print_table(
         [RunResult(r.label, r.seed, result.rate_rps, r.summary, stats, None) for r in result.runs],
-        f"{workload}, {len(c.prefill)}P+{len(c.decode)}D live ({c.kind}), {result.rate_rps:.2f} req/s",
+        f"{workload}, {len(c.prefill)}P+{len(c.decode)}D live ({c.kind}), {result.rate_rps:.2f} req/s"
+        + ("" if slo_spec.is_paper else f", SLO {slo_spec.name}"),
     )
     err.print(f"wrote {out}/summary.json and per-run records under {out}/comparison/")
