@@ -103,3 +103,28 @@ def test_the_command_names_a_bad_option(args: list[str], message: str, tmp_path:
 
     res = CliRunner().invoke(app, ["experiment", "scarcity", "--out", str(tmp_path), *args])
     assert res.exit_code == 2 and message in res.output.replace("\n", " "), res.output
+
+
+def test_results_saved_under_other_slo_targets_are_not_reused(tmp_path: Path) -> None:
+    from calroute.costmodel.slo import LONG_CONTEXT, PRESETS
+
+    exp, scale = EXPERIMENTS["mixed-bursty"], Scale(150, (0,))
+    profile = get_profile("a40-qwen2.5-3b")
+    paper = run_experiment(exp, SimBackend(profile), True, tmp_path, scale=scale)
+    messages: list[str] = []
+    spec = PRESETS[LONG_CONTEXT]
+    long = run_experiment(
+        exp, SimBackend(profile, spec), True, tmp_path, progress=messages.append, scale=scale, slo=spec
+    )
+    # every goodput changes with the targets, and so does the saturation rate they define
+    assert sum("running it again" in m for m in messages) == 1
+    assert any("saturation search on 2P4D:mixed-bursty:slo=long-context" in m for m in messages)
+    assert long[0].rate_rps != paper[0].rate_rps
+    assert json.loads((tmp_path / "mixed-bursty" / "manifest.json").read_text())["slo"] == spec.definition()
+    messages.clear()
+    run_experiment(
+        exp, SimBackend(profile, spec), True, tmp_path, progress=messages.append, scale=scale, slo=spec
+    )
+    assert sum("done earlier, skipped" in m for m in messages) == 1
+    report = write_report(tmp_path).read_text()
+    assert "--slo long-context" in report and "ms per prompt token" in report

@@ -58,3 +58,49 @@ def test_the_variant_reaches_the_proxy_and_its_cli_accepts_it(
     result = CliRunner().invoke(app, argv[argv.index("serve") :])
     assert result.exit_code == 0, result.output
     assert len(started) == 1
+
+
+def test_a_reused_run_is_judged_by_the_targets_of_the_call(tmp_path: Path) -> None:
+    import json
+    from dataclasses import asdict
+
+    from calroute.costmodel.slo import LONG_CONTEXT, with_slo
+    from calroute.harness.live import run_definition, run_variant
+    from calroute.results.metrics import summarize
+    from calroute.results.records import RecordWriter, RequestRecord
+    from calroute.types import RequestSpec, RequestStatus, SloClass
+
+    # one request of 4,000 prompt tokens, served in 1 s: late for the paper's 0.2 s, in time for long-context
+    spec = RequestSpec("r0", 0.0, 4000, 8, SloClass.TIGHT)
+    rec = RequestRecord(
+        request_id="r0",
+        slo_class=SloClass.TIGHT,
+        prompt_tokens=4000,
+        target_output_tokens=8,
+        predicted_output_tokens=8,
+        output_tokens=8,
+        policy="round_robin",
+        prefill_id="p0",
+        decode_id="d0",
+        arrival_s=0.0,
+        prefill_done_s=0.9,
+        first_token_s=1.0,
+        last_token_s=1.07,
+        status=RequestStatus.OK,
+    )
+    variant = Variant("round_robin", "round_robin")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with (run_dir / "records.jsonl").open("w") as f:
+        RecordWriter(f).write(rec)
+    saved = {
+        "summary": asdict(summarize([rec], CAL.slo)),
+        "valid": True,
+        "lateness_p99_s": 0.0,
+        "definition": run_definition(variant, [spec]),
+    }
+    (run_dir / "summary.json").write_text(json.dumps(saved))
+    setup = _setup(tmp_path)  # an unreachable cluster: a run that were not reused would fail
+    assert run_variant(setup, variant, [spec], run_dir).summary.good == 0
+    judged = LiveSetup(setup.cluster, setup.cluster_path, with_slo(CAL, LONG_CONTEXT))
+    assert run_variant(judged, variant, [spec], run_dir).summary.good == 1

@@ -301,7 +301,8 @@ def test_bench_command_writes_records_and_a_simulate_shaped_summary(
         invalid = CliRunner().invoke(
             app,
             ["--target", proxy.url, *args, "--out", str(tmp_path / "b"), "--requests", "3"]
-            + ["--max-lateness-ms", "0.001", "--model", "emulated", "--profile", "a40-qwen2.5-3b"],
+            + ["--max-lateness-ms", "0.001", "--model", "emulated", "--profile", "a40-qwen2.5-3b"]
+            + ["--slo", "long-context"],
         )
     assert ok.exit_code == 0, ok.output
     summary = json.loads((tmp_path / "a" / "summary.json").read_text())
@@ -325,7 +326,14 @@ def test_bench_command_writes_records_and_a_simulate_shaped_summary(
     assert "rr @ 10 req/s" in ok.stdout and "(valid)" in ok.stdout
     # An unkeepable bound: the files are written, the exit code says the run is invalid.
     assert invalid.exit_code == EXIT_INVALID, invalid.output
-    assert json.loads((tmp_path / "b" / "summary.json").read_text())["valid"] is False
+    invalid_summary = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert invalid_summary["valid"] is False
+    # --slo judges the records: the summary names the spec and gives its per-token allowance
+    assert (
+        invalid_summary["slo"]["spec"] == "long-context"
+        and invalid_summary["slo"]["tight_ttft_s_per_token"] > 0
+    )
+    assert summary["slo"]["spec"] == "paper" and "tight_ttft_s_per_token" not in summary["slo"]
     assert len(list(read_records(tmp_path / "b" / "records.jsonl"))) == 3
 
 
@@ -335,6 +343,8 @@ def test_bench_refuses_bad_arguments(tmp_path: Path) -> None:
     base = ["--target", "http://127.0.0.1:9", "--rate", "10", "--duration", "1", "--out", str(tmp_path)]
     both = CliRunner().invoke(app, [*base, "--workload", "chat", "--trace", str(tmp_path)])
     assert both.exit_code == 2 and "exactly one of --workload and --trace" in both.output
+    bad_slo = CliRunner().invoke(app, [*base, "--workload", "chat", "--slo", "tighter"])
+    assert bad_slo.exit_code == 2 and "--slo" in bad_slo.output and "not a preset" in bad_slo.output
     unreachable = CliRunner().invoke(app, [*base, "--workload", "chat"])
     assert unreachable.exit_code == 2 and "/v1/models" in unreachable.output
     assert not (tmp_path / "records.jsonl").exists()

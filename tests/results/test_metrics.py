@@ -18,12 +18,13 @@ def rec(
     slo: SloClass = SloClass.TIGHT,
     status: RequestStatus = RequestStatus.OK,
     out: int = 11,
+    prompt: int = 100,
 ) -> RequestRecord:
     first = 10.0 + ttft
     return RequestRecord(
         request_id="r",
         slo_class=slo,
-        prompt_tokens=100,
+        prompt_tokens=prompt,
         target_output_tokens=out,
         predicted_output_tokens=out,
         output_tokens=out,
@@ -52,6 +53,48 @@ def rec(
 )
 def test_is_good(r: RequestRecord, good: bool) -> None:
     assert is_good(r, SLO) is good
+
+
+# SLO_PER_TOKEN: the same targets plus 1 ms per prompt token (tight), loose 3x that.
+SLO_PER_TOKEN = SloTargets(tight_ttft_s=0.2, tight_tpot_s=0.04, loose_factor=3.0, tight_ttft_s_per_token=1e-3)
+# An explicit loose class: its own fixed part, allowance and TPOT, not 3x the tight ones.
+SLO_LOOSE = SloTargets(
+    tight_ttft_s=0.2,
+    tight_tpot_s=0.04,
+    tight_ttft_s_per_token=1e-3,
+    loose_ttft_s=0.5,
+    loose_tpot_s=0.05,
+    loose_ttft_s_per_token=2e-3,
+)
+
+
+@pytest.mark.parametrize(
+    ("r", "slo", "good"),
+    [
+        # a 4,000-token prompt served in 3 s: bad against the fixed 0.2 s, good against 0.2 + 4 s
+        (rec(3.0, 0.01, prompt=4000), SLO, False),
+        (rec(3.0, 0.01, prompt=4000), SLO_PER_TOKEN, True),
+        (rec(4.21, 0.01, prompt=4000), SLO_PER_TOKEN, False),  # its own target missed
+        (rec(0.21, 0.01, prompt=0), SLO_PER_TOKEN, False),  # no prompt: the fixed part alone
+        (rec(0.29, 0.01, prompt=100), SLO_PER_TOKEN, True),  # a short prompt gets a little more
+        (rec(12.5, 0.1, SloClass.LOOSE, prompt=4000), SLO_PER_TOKEN, True),  # 3 x (0.2 + 4)
+        (rec(12.7, 0.1, SloClass.LOOSE, prompt=4000), SLO_PER_TOKEN, False),
+        (rec(3.0, 0.041, prompt=4000), SLO_PER_TOKEN, False),  # TPOT does not grow
+        (rec(8.5, 0.05, SloClass.LOOSE, prompt=4000), SLO_LOOSE, True),  # 0.5 + 8
+        (rec(8.6, 0.05, SloClass.LOOSE, prompt=4000), SLO_LOOSE, False),
+        (rec(1.0, 0.051, SloClass.LOOSE, prompt=4000), SLO_LOOSE, False),
+    ],
+)
+def test_each_request_meets_the_ttft_target_of_its_own_prompt(
+    r: RequestRecord, slo: SloTargets, good: bool
+) -> None:
+    assert is_good(r, slo) is good
+
+
+def test_goodput_judges_each_request_by_its_own_prompt() -> None:
+    short, long = rec(0.15, 0.01, prompt=100), rec(3.0, 0.01, prompt=4000)
+    assert summarize([short, long], SLO).good == 1
+    assert summarize([short, long], SLO_PER_TOKEN).good == 2
 
 
 def test_summary_counts_rejected_requests_against_goodput() -> None:

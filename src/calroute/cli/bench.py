@@ -20,7 +20,15 @@ import aiohttp
 import typer
 
 from calroute import aio
-from calroute.cli.common import err, exit_on_error, load_profile, progress_bar
+from calroute.cli.common import (
+    SLO_DEFAULT,
+    SLO_HELP,
+    err,
+    exit_on_error,
+    load_profile,
+    progress_bar,
+    slo_option,
+)
 from calroute.costmodel.calibration import Calibration
 from calroute.costmodel.profiles import DEFAULT_PROFILE, profile_names
 from calroute.engines.cluster import ClusterFile
@@ -105,6 +113,7 @@ def _summary(
     profile: str | None,
     calibration: Path | None,
     gate_results: list[gates.GateResult] | None,
+    slo_spec: str = SLO_DEFAULT,
 ) -> dict[str, Any]:
     s = summarize(result.records, cal.slo)
     return {
@@ -132,11 +141,7 @@ def _summary(
         "model": model,
         "profile": profile,
         "calibration": None if calibration is None else str(calibration),
-        "slo": {
-            "tight_ttft_s": cal.slo.tight_ttft_s,
-            "tight_tpot_s": cal.slo.tight_tpot_s,
-            "loose_factor": cal.slo.loose_factor,
-        },
+        "slo": {"spec": slo_spec, **cal.slo.to_dict()},  # as `calroute simulate --json` gives it
         "valid": result.valid,
         "lateness": result.lateness_dict(),
         "run_duration_s": result.duration_s,
@@ -177,6 +182,7 @@ def bench(
     timeout: Annotated[
         float, typer.Option(min=0.001, help="per-request deadline, s (then: cancelled)")
     ] = DEFAULT_TIMEOUT_S,
+    slo: Annotated[str, typer.Option(help=SLO_HELP)] = SLO_DEFAULT,
 ) -> None:
     """Drive a live target with a workload, open loop; write per-request records and a summary."""
     with exit_on_error():
@@ -190,7 +196,8 @@ def bench(
             raise ConfigError(f"--trace {trace}: no such file")
         if profile is not None and profile not in profile_names():
             raise ConfigError(f"--profile {profile!r}: known: {', '.join(profile_names())}")
-        cal = load_profile(profile, calibration).calibration
+        slo_spec = slo_option(slo)
+        cal = load_profile(profile, calibration, slo_spec).calibration
         source: WorkloadSource = (
             FamilyWorkload(workload.value, 1, tight_fraction)
             if workload is not None
@@ -251,6 +258,7 @@ def bench(
         profile=None if calibration is not None else profile or DEFAULT_PROFILE,
         calibration=calibration,
         gate_results=gate_results,
+        slo_spec=slo_spec.name,
     )
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     run = summary["runs"][0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -19,6 +20,7 @@ from calroute.costmodel.profiles import (
     get_profile,
     profile_from_calibration,
 )
+from calroute.costmodel.slo import PAPER, PRESETS, SloSpec, parse_slo, with_slo
 from calroute.errors import CalrouteError, ConfigError
 from calroute.experiments.compare import RunResult
 from calroute.results.tables import RunRow, by_policy, reference_policy, versus
@@ -110,12 +112,34 @@ def print_table(results: list[RunResult], title: str) -> None:
     out.print(table)
 
 
+# `--slo` of simulate, run, serve, experiment and bench: one option, one help, one parser (costmodel/slo.py).
+SLO_DEFAULT = PAPER
+SLO_HELP = (
+    f"SLO targets that judge goodput: {PAPER} (the calibration's), "
+    f"{', '.join(p for p in PRESETS if p != PAPER)} (plus a TTFT allowance per prompt token), "
+    "or an SLO file, YAML or JSON (docs/calibration.md)"
+)
+
+
+def slo_option(spec: str) -> SloSpec:
+    """--slo, parsed before anything runs; a bad value is an error naming the option and the field."""
+    try:
+        return parse_slo(spec)
+    except ConfigError as e:
+        raise ConfigError(f"--slo: {e}") from e
+
+
 def load_profile(
-    profile: str | None = None, calibration: Path | Calibration | None = None
+    profile: str | None = None, calibration: Path | Calibration | None = None, slo: SloSpec | None = None
 ) -> HardwareProfile:
     """The hardware a command models: the named profile (default: DEFAULT_PROFILE), or with a calibration
-    (a file, or one at hand) that calibration's curves and constants under the profile's engine limits."""
+    (a file, or one at hand) that calibration's curves and constants under the profile's engine limits;
+    with ``slo``, judged by that spec's targets (resolved on this hardware's calibration)."""
     if calibration is not None:
         cal = Calibration.load(calibration) if isinstance(calibration, Path) else calibration
-        return profile_from_calibration(cal, get_profile(profile or DEFAULT_PROFILE).limits)
-    return get_profile(profile or DEFAULT_PROFILE)
+        hw = profile_from_calibration(cal, get_profile(profile or DEFAULT_PROFILE).limits)
+    else:
+        hw = get_profile(profile or DEFAULT_PROFILE)
+    if slo is None or slo.is_paper:
+        return hw
+    return replace(hw, calibration=with_slo(hw.calibration, slo))

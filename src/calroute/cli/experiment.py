@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from calroute.cli.common import err, exit_on_error, load_profile
+from calroute.cli.common import SLO_DEFAULT, SLO_HELP, err, exit_on_error, load_profile, slo_option
 from calroute.errors import ConfigError
 
 
@@ -38,6 +38,7 @@ def experiment(
             help="live backends: find the saturation rate live, or on the calibrated simulator (sim)"
         ),
     ] = "live",
+    slo: Annotated[str, typer.Option(help=SLO_HELP)] = SLO_DEFAULT,
 ) -> None:
     """Run one of the paper's experiments (or all) and write its results and report section."""
     from calroute.experiments import EXPERIMENTS, get_experiment
@@ -46,6 +47,7 @@ def experiment(
     from calroute.experiments.runner import Scale, run_experiment, scale_for
 
     with exit_on_error():
+        slo_spec = slo_option(slo)
         names = list(EXPERIMENTS) if name == "all" else [get_experiment(name).name]
         default = scale_for(backend.value, quick)
         if (requests is not None and requests < 1) or (seeds is not None and seeds < 1):
@@ -55,12 +57,18 @@ def experiment(
             from calroute.experiments.live import live_backend
 
             be: Backend = live_backend(
-                backend.value, out / backend.value / "_clusters", err.print, quick, time_scale, saturation
+                backend.value,
+                out / backend.value / "_clusters",
+                err.print,
+                quick,
+                time_scale,
+                saturation,
+                slo_spec,
             )
         else:
             if time_scale != 1.0 or saturation != "live":
                 raise ConfigError("--time-scale and --saturation apply to live backends only")
-            be = SimBackend(load_profile())
+            be = SimBackend(load_profile(), slo_spec)
         try:
             for n in names:
                 run_experiment(
@@ -72,6 +80,7 @@ def experiment(
                     scale=scale,
                     # "out": the report's command line names the --out given, wherever the results are moved
                     extra_manifest={"time_scale": time_scale, "saturation": saturation, "out": str(out)},
+                    slo=slo_spec,
                 )
         finally:
             close = getattr(be, "close", None)

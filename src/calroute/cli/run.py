@@ -8,7 +8,16 @@ from typing import Annotated
 
 import typer
 
-from calroute.cli.common import err, exit_on_error, load_profile, parse_param_options, print_table
+from calroute.cli.common import (
+    SLO_DEFAULT,
+    SLO_HELP,
+    err,
+    exit_on_error,
+    load_profile,
+    parse_param_options,
+    print_table,
+    slo_option,
+)
 from calroute.errors import ConfigError
 from calroute.workload.families import FAMILIES
 
@@ -34,6 +43,7 @@ def run(
     param: Annotated[
         list[str] | None, typer.Option(help="policy parameter, POLICY.NAME=VALUE (repeatable)")
     ] = None,
+    slo: Annotated[str, typer.Option(help=SLO_HELP)] = SLO_DEFAULT,
 ) -> None:
     """Gate, calibrate, then for each policy and seed: fresh proxy, reset caches, warm up, drive, collect."""
     from calroute.costmodel.calibration import Calibration
@@ -52,6 +62,7 @@ def run(
             raise ConfigError("give exactly one of --rate and --saturate")
         if workload not in FAMILIES:
             raise ConfigError(f"unknown workload {workload!r}; known: {', '.join(FAMILIES)}")
+        slo_spec = slo_option(slo)  # a bad file fails here, before the gates and calibration
         names = tuple(p.strip() for p in policies.split(",") if p.strip())
         params = parse_param_options(param or [], list(names))
         for name in names:  # a bad policy, parameter or value fails here, before the gates and calibration
@@ -69,7 +80,8 @@ def run(
 
             cal, _ = calibrate_cluster(c, 60.0, err.print)
             cal.save(out / "calibration.json")
-        backend = LiveBackend(c.kind, out, err.print, fixed=LiveSetup(c, cluster, cal))
+        # calibration.json keeps the measured constants and the paper's targets; the runs judge by --slo
+        backend = LiveBackend(c.kind, out, err.print, fixed=LiveSetup(c, cluster, cal), slo=slo_spec)
         comparison = Comparison(len(c.prefill), len(c.decode), workload, names, rate, params=params)
         (result,) = run_experiment(
             comparison,
@@ -79,11 +91,15 @@ def run(
             progress=err.print,
             scale=Scale(requests, tuple(range(seeds))),
             extra_manifest={"cluster": str(cluster), "calibration": cal.provenance},
+            slo=slo_spec,
         )
-    (out / "summary.json").write_text(json.dumps(summary_json(result), indent=2) + "\n")
+    # as `calroute simulate --json` names them: the spec, and the targets it set on this cluster's calibration
+    slo_json = {"spec": slo_spec.name, **slo_spec.resolve(cal).to_dict()}
+    (out / "summary.json").write_text(json.dumps({**summary_json(result), "slo": slo_json}, indent=2) + "\n")
     stats = SimStats(0, 0, 0.0, 0, {})
     print_table(
         [RunResult(r.label, r.seed, result.rate_rps, r.summary, stats, None) for r in result.runs],
-        f"{workload}, {len(c.prefill)}P+{len(c.decode)}D live ({c.kind}), {result.rate_rps:.2f} req/s",
+        f"{workload}, {len(c.prefill)}P+{len(c.decode)}D live ({c.kind}), {result.rate_rps:.2f} req/s"
+        + ("" if slo_spec.is_paper else f", SLO {slo_spec.name}"),
     )
     err.print(f"wrote {out}/summary.json and per-run records under {out}/comparison/")

@@ -10,7 +10,15 @@ from typing import Annotated
 
 import typer
 
-from calroute.cli.common import err, exit_on_error, load_profile, parse_param_options
+from calroute.cli.common import (
+    SLO_DEFAULT,
+    SLO_HELP,
+    err,
+    exit_on_error,
+    load_profile,
+    parse_param_options,
+    slo_option,
+)
 from calroute.engines.cluster import ClusterFile
 from calroute.policies import policy_names
 from calroute.proxy.config import MAX_ANSWER_BYTES, MAX_EVENT_BYTES, MAX_PROBE_BYTES
@@ -41,6 +49,12 @@ def serve(
     default_slo: Annotated[SloClass, typer.Option(help="SLO class of requests without an SLO header")] = (
         SloClass.LOOSE
     ),
+    slo: Annotated[
+        str,
+        typer.Option(
+            help=SLO_HELP + "; the proxy maps requests' target headers to a class by them (docs/proxy.md)"
+        ),
+    ] = SLO_DEFAULT,
     host: Annotated[str, typer.Option(help="address to bind (loopback unless told otherwise)")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port to listen on")] = 8000,
     log: Annotated[Path | None, typer.Option(help="per-request JSONL log")] = None,
@@ -128,10 +142,11 @@ def serve(
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with exit_on_error():
+        slo_spec = slo_option(slo)
         c = ClusterFile.load(cluster)
         # no --calibration: the constants of the profile the engines were started with, else the default's
         named = c.profile if c.profile is not None and not c.profile.startswith("calibration:") else None
-        cal = load_profile(None if calibration is not None else named, calibration).calibration
+        cal = load_profile(None if calibration is not None else named, calibration, slo_spec).calibration
         if calibration is None and named is None:
             err.print(
                 "[yellow]warning:[/] no --calibration: pricing with the a40-qwen2.5-3b profile's constants"

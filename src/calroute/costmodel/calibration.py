@@ -86,21 +86,89 @@ class TransferModel:
 
 @dataclass(frozen=True)
 class SloTargets:
+    """A request's targets by SLO class: TTFT = a fixed part + an allowance per prompt token; TPOT fixed.
+
+    The paper's targets (those of every calibration file) have no per-token allowance, and each loose target
+    is ``loose_factor`` x the tight one. An SLO file or preset (``costmodel/slo.py``) may add per-token
+    allowances, so that a long prompt is judged by what its prefill must cost, and may set the loose targets
+    apart; a loose target left at None keeps the paper's rule.
+    """
+
     tight_ttft_s: float
     tight_tpot_s: float
     loose_factor: float = LOOSE_FACTOR
+    tight_ttft_s_per_token: float = 0.0
+    loose_ttft_s: float | None = None
+    loose_tpot_s: float | None = None
+    loose_ttft_s_per_token: float | None = None
 
     def __post_init__(self) -> None:
         _positive("slo.tight_ttft_s", self.tight_ttft_s)
         _positive("slo.tight_tpot_s", self.tight_tpot_s)
-        if self.loose_factor < 1:
+        _positive("slo.tight_ttft_s_per_token", self.tight_ttft_s_per_token, allow_zero=True)
+        if not self.loose_factor >= 1:
             raise CalibrationError(f"slo.loose_factor must be >= 1, got {self.loose_factor!r}")
+        # A loose target tighter than the tight one would make the classes' names lie, and the proxy's
+        # header classification (the geometric mean between the two) meaningless.
+        for name, loose, tight in (
+            ("ttft_s", self.loose_ttft_s, self.tight_ttft_s),
+            ("tpot_s", self.loose_tpot_s, self.tight_tpot_s),
+            ("ttft_s_per_token", self.loose_ttft_s_per_token, self.tight_ttft_s_per_token),
+        ):
+            if loose is not None and not loose >= tight:
+                raise CalibrationError(
+                    f"slo.loose_{name} must be >= slo.tight_{name} ({tight!r}), got {loose!r}"
+                )
 
     def ttft_s(self, slo: SloClass) -> float:
-        return self.tight_ttft_s if slo is SloClass.TIGHT else self.tight_ttft_s * self.loose_factor
+        """The fixed part of the class's TTFT target (the whole target when there is no per-token part)."""
+        if slo is SloClass.TIGHT:
+            return self.tight_ttft_s
+        loose = self.loose_ttft_s
+        return self.tight_ttft_s * self.loose_factor if loose is None else loose
+
+    def ttft_s_per_token(self, slo: SloClass) -> float:
+        """The class's TTFT allowance per prompt token, seconds."""
+        if slo is SloClass.TIGHT:
+            return self.tight_ttft_s_per_token
+        loose = self.loose_ttft_s_per_token
+        return self.tight_ttft_s_per_token * self.loose_factor if loose is None else loose
+
+    def ttft_target_s(self, slo: SloClass, prompt_tokens: int) -> float:
+        """The TTFT target of a request of this class and prompt length."""
+        if slo is SloClass.TIGHT:  # one branch for the common class: goodput calls this once per record
+            return self.tight_ttft_s + self.tight_ttft_s_per_token * prompt_tokens
+        return self.ttft_s(slo) + self.ttft_s_per_token(slo) * prompt_tokens
 
     def tpot_s(self, slo: SloClass) -> float:
-        return self.tight_tpot_s if slo is SloClass.TIGHT else self.tight_tpot_s * self.loose_factor
+        if slo is SloClass.TIGHT:
+            return self.tight_tpot_s
+        loose = self.loose_tpot_s
+        return self.tight_tpot_s * self.loose_factor if loose is None else loose
+
+    @property
+    def per_token(self) -> bool:
+        """Whether some TTFT target grows with the prompt (then no single number is the class's target)."""
+        return self.tight_ttft_s_per_token > 0 or bool(self.loose_ttft_s_per_token)
+
+    def to_dict(self) -> dict[str, float]:
+        """The fields as a calibration file holds them: the paper's three, then only what is set, so a
+        calibration with the paper's targets writes the same file as before per-token targets existed."""
+        d = {
+            "tight_ttft_s": self.tight_ttft_s,
+            "tight_tpot_s": self.tight_tpot_s,
+            "loose_factor": self.loose_factor,
+        }
+        if self.tight_ttft_s_per_token:
+            d["tight_ttft_s_per_token"] = self.tight_ttft_s_per_token
+        for name, value in (
+            ("loose_ttft_s", self.loose_ttft_s),
+            ("loose_tpot_s", self.loose_tpot_s),
+            ("loose_ttft_s_per_token", self.loose_ttft_s_per_token),
+        ):
+            if value is not None:
+                d[name] = value
+        return d
 
 
 @dataclass(frozen=True)
@@ -125,7 +193,9 @@ class Calibration:
         return self.transfer.seconds(prompt_tokens * self.kv_bytes_per_token)
 
     def to_json(self) -> str:
-        return json.dumps({"schema_version": SCHEMA_VERSION, **asdict(self)}, indent=2, sort_keys=True) + "\n"
+        d = asdict(self)
+        d["slo"] = self.slo.to_dict()
+        return json.dumps({"schema_version": SCHEMA_VERSION, **d}, indent=2, sort_keys=True) + "\n"
 
     def save(self, path: Path) -> None:
         path.write_text(self.to_json())

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
+from calroute.costmodel.calibration import Calibration, SloTargets
+from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile
+from calroute.costmodel.slo import SloSpec
 from calroute.experiments.cells import Cell, CellResult
 from calroute.report import plots
 from calroute.results.records import read_records
@@ -113,8 +117,27 @@ def bars_by_cell(results: Sequence[CellResult], exp_dir: Path, name: str, title:
     )
 
 
-def latency_cdfs(cell: CellResult, exp_dir: Path, ttft_target_s: float, tpot_target_s: float) -> list[str]:
-    """CDFs of TTFT and TPOT per variant, from the cell's per-request records (seed 0).
+def judged_slo(exp_dir: Path, shape: str) -> SloTargets:
+    """The targets an experiment's runs were judged by: its manifest's SLO spec (the paper's when it names
+    none) on the calibration of the live cluster of this shape it ran on, else on the default profile, the
+    simulator backend's."""
+    manifest = exp_dir / "manifest.json"
+    d = json.loads(manifest.read_text()).get("slo") if manifest.exists() else None
+    cal_path = exp_dir.parent / "_clusters" / shape / "calibration.json"
+    cal = Calibration.load(cal_path) if cal_path.exists() else get_profile(DEFAULT_PROFILE).calibration
+    return cal.slo if d is None else SloSpec.from_definition(d).resolve(cal)
+
+
+def latency_cdfs(
+    cell: CellResult,
+    exp_dir: Path,
+    ttft_target_s: float,
+    tpot_target_s: float,
+    ttft_target_s_per_token: float = 0.0,
+) -> list[str]:
+    """CDFs of TTFT and TPOT per variant, from the cell's per-request records (seed 0), with the tight
+    targets dashed. A TTFT target that grows with the prompt is no one line: the line is its fixed part, and
+    the title gives the allowance per prompt token.
 
     Without records (results copied without them, as under docs/results/) plots already drawn are kept and
     none are drawn empty."""
@@ -137,7 +160,10 @@ def latency_cdfs(cell: CellResult, exp_dir: Path, ttft_target_s: float, tpot_tar
             exp_dir / f"{base}-ttft-cdf.png",
             ttft,
             "TTFT (s)",
-            f"TTFT, {cell.cell_key} (tight target dashed)",
+            f"TTFT, {cell.cell_key} (tight target dashed)"
+            if not ttft_target_s_per_token
+            else f"TTFT, {cell.cell_key} (dashed: tight target's fixed part;\n"
+            f"+ {ttft_target_s_per_token * 1e3:.3g} ms per prompt token)",
             ttft_target_s,
         ),
         plots.cdfs(

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from calroute.costmodel.calibration import Calibration
 from calroute.costmodel.profiles import profile_from_calibration
+from calroute.costmodel.slo import SloSpec
 from calroute.experiments.base import fmt, goodput_table
 from calroute.experiments.cells import Cell, CellResult, baselines_and_product
 from calroute.report import plots
@@ -35,7 +36,10 @@ class Fidelity:
             return None
         from calroute.experiments.backends import SimBackend
 
-        backend = SimBackend(profile_from_calibration(Calibration.load(cal_path)))
+        manifest = json.loads((exp_dir / "manifest.json").read_text())
+        # judged as the live half was: by the experiment's SLO spec on the same calibration
+        slo = SloSpec.from_definition(manifest.get("slo") or {"name": "paper"})
+        backend = SimBackend(profile_from_calibration(Calibration.load(cal_path)), slo)
         cell = self.cells(False)[0]
         seeds = sorted({r.seed for r in live.runs})
         runs = backend.run_cell(

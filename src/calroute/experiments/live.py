@@ -9,10 +9,11 @@ already up.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from calroute.costmodel.calibration import Calibration
+from calroute.costmodel.slo import PAPER, PRESETS, SloSpec, with_slo
 from calroute.engines import launch
 from calroute.engines.cluster import ClusterFile
 from calroute.errors import ConfigError
@@ -49,6 +50,9 @@ class LiveBackend:
     # "live": probe rates on the cluster; "sim": the simulator calibrated to the cluster finds it (minutes
     # faster; live and simulated saturation differ, so the report says which was used)
     saturation: str = "live"
+    # The targets that judge the runs, resolved on each cluster's calibration once it is measured (the file
+    # keeps the paper's); the proxies get them too, in the calibration they are started with.
+    slo: SloSpec = PRESETS[PAPER]
     _shape: tuple[int, int] | None = None
     _launched: launch.LaunchedCluster | None = None
     _setup: LiveSetup | None = None
@@ -56,7 +60,7 @@ class LiveBackend:
 
     def setup_for(self, prefill: int, decode: int) -> LiveSetup:
         if self.fixed is not None:
-            return self.fixed
+            return replace(self.fixed, calibration=with_slo(self.fixed.calibration, self.slo))
         if self._shape == (prefill, decode) and self._setup is not None:
             return self._setup
         self.close()
@@ -74,7 +78,7 @@ class LiveBackend:
         require_gates(cluster)
         cal = _calibrate(cluster, shape_dir / "calibration.json", self.progress, 20.0 if self.quick else 60.0)
         self._shape = (prefill, decode)
-        self._setup = LiveSetup(cluster, cluster_path, cal)
+        self._setup = LiveSetup(cluster, cluster_path, with_slo(cal, self.slo))
         return self._setup
 
     def close(self) -> None:
@@ -184,6 +188,7 @@ def live_backend(
     quick: bool = False,
     time_scale: float = 1.0,
     saturation: str = "live",
+    slo: SloSpec = PRESETS[PAPER],
 ) -> LiveBackend:
     if kind != "emulated" and time_scale != 1.0:
         raise ConfigError(f"--time-scale applies to emulated engines only, not {kind}")
@@ -191,4 +196,6 @@ def live_backend(
         raise ConfigError(f"--time-scale must be > 0, got {time_scale:g}")
     if saturation not in ("live", "sim"):
         raise ConfigError(f"--saturation must be live or sim, got {saturation!r}")
-    return LiveBackend(kind, work_dir, progress, quick=quick, time_scale=time_scale, saturation=saturation)
+    return LiveBackend(
+        kind, work_dir, progress, quick=quick, time_scale=time_scale, saturation=saturation, slo=slo
+    )

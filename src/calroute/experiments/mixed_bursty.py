@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from calroute.costmodel.profiles import get_profile
-from calroute.experiments.base import bars_by_cell, goodput_table, latency_cdfs
+from calroute.experiments.base import bars_by_cell, goodput_table, judged_slo, latency_cdfs
 from calroute.experiments.cells import Cell, CellResult, baselines_and_product
+from calroute.types import SloClass
 
 PAPER = {
     ("2P4D", "round_robin"): 0.836,
@@ -24,9 +24,11 @@ class MixedBursty:
         return [Cell("2P4D", 2, 4, "mixed-bursty", baselines_and_product(), tags={"decode": 4})]
 
     def report(self, results: list[CellResult], exp_dir: Path) -> str:
-        slo = get_profile("a40-qwen2.5-3b").calibration.slo
+        slo = judged_slo(exp_dir, results[0].cell_key)
         pngs = [bars_by_cell(results, exp_dir, "goodput", self.title)]
-        pngs += latency_cdfs(results[0], exp_dir, slo.tight_ttft_s, slo.tight_tpot_s)
+        pngs += latency_cdfs(
+            results[0], exp_dir, slo.tight_ttft_s, slo.tight_tpot_s, slo.ttft_s_per_token(SloClass.TIGHT)
+        )
         return (
             f"## {self.title}\n\nSeeds are the three arrival traces. Paper: A40 hardware, vLLM 0.12.\n\n"
             + goodput_table(results, "cluster", PAPER)

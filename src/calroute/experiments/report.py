@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from calroute.costmodel.slo import describe_slo
 from calroute.errors import ConfigError
 from calroute.experiments import EXPERIMENTS
+from calroute.experiments.base import judged_slo
 from calroute.experiments.cells import CellResult
 from calroute.experiments.runner import scale_for
 
@@ -33,9 +35,17 @@ def write_report(directory: Path) -> Path:
             command += f" --time-scale {manifest['time_scale']:g}"
         if manifest.get("saturation", "live") != "live":
             command += f" --saturation {manifest['saturation']}"
+        slo_name = (manifest.get("slo") or {}).get("name", "paper")
+        slo_note = ""
+        if slo_name != "paper":
+            command += f" --slo {slo_name}"
+            # on a live backend each shape's calibration resolves the spec: the first cell's is shown
+            first = manifest["cells"][0]
+            shape = f"{first['prefill']}P{first['decode']}D"
+            slo_note = f"SLO `{slo_name}` ({shape}): {describe_slo(judged_slo(exp_dir, shape))}.\n"
         sections.append(
             exp.report(results, exp_dir)
-            + f"\nCommand: `{command} --out {manifest.get('out', directory.parent)}`; "
+            + f"\n{slo_note}Command: `{command} --out {manifest.get('out', directory.parent)}`; "
             f"commit {manifest.get('git_commit') or '-'}; "
             f"{manifest['scale']['requests']} requests per run, seeds {manifest['scale']['seeds']}.\n"
         )

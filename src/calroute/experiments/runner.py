@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from calroute.costmodel.slo import PAPER, PRESETS, SloSpec
 from calroute.experiments.backends import Backend
 from calroute.experiments.base import Experiment
 from calroute.experiments.cells import CellResult, Run
@@ -57,7 +58,9 @@ def run_experiment(
     progress: Callable[[str], None] = lambda msg: None,
     extra_manifest: dict[str, Any] | None = None,
     scale: Scale | None = None,
+    slo: SloSpec = PRESETS[PAPER],
 ) -> list[CellResult]:
+    """``slo``: the spec the backend judges by (given to both, the runner keys saved results by it)."""
     exp_dir = out_dir / exp.name
     scale = scale or scale_for(backend.name, quick)
     cells = exp.cells(quick)
@@ -70,6 +73,7 @@ def run_experiment(
         "git_commit": git_commit(Path(__file__).resolve().parents[3]),
         "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "cells": [asdict(c) for c in cells],
+        "slo": slo.definition(),
         **(extra_manifest or {}),
     }
     _write_json(exp_dir / "manifest.json", manifest)
@@ -81,7 +85,12 @@ def run_experiment(
         path = exp_dir / "cells" / f"{cell.key}.json"
         # What the saved result must have been made from to be reused: the cell (variants, parameters,
         # rate) and the scale, as JSON would hold them.
-        definition = json.loads(json.dumps({"cell": asdict(cell), "scale": asdict(scale)}))
+        # Under other SLO targets every goodput differs: the spec is part of the definition, left out for the
+        # paper's so results saved before targets could change are still reused.
+        made_of: dict[str, Any] = {"cell": asdict(cell), "scale": asdict(scale)}
+        if not slo.is_paper:
+            made_of["slo"] = slo.definition()
+        definition = json.loads(json.dumps(made_of))
         if path.exists():
             saved = json.loads(path.read_text())
             if saved.get("definition", definition) == definition:
@@ -100,9 +109,11 @@ def run_experiment(
         if rate is None or cell.measure_saturation_of:
             p, d = cell.saturation_shape
             rates: dict[str, float] = {}
+            slo_key = "" if slo.is_paper else f":slo={slo.key}"
             for policy in dict.fromkeys((*cell.saturate_on, *cell.measure_saturation_of)):
                 # round_robin's key is the one saved before other policies could be searched on
-                key = f"{p}P{d}D:{cell.workload}" + ("" if policy == "round_robin" else f":{policy}")
+                policy_key = "" if policy == "round_robin" else f":{policy}"
+                key = f"{p}P{d}D:{cell.workload}{policy_key}{slo_key}"
                 if key not in saturation:
                     progress(f"{exp.name}: saturation search on {key}")
                     saturation[key] = backend.saturation_rate(p, d, cell.workload, scale.requests, policy)

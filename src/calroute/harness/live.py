@@ -4,7 +4,9 @@ Per run, as the paper's protocol asks: start the proxy fresh, reset every engine
 through the proxy (not measured), drive the open-loop schedule, collect the client's records, stop the
 proxy. A finished run leaves summary.json in its directory, with what it was made from (the variant and a
 digest of the request schedule); a later call with the same definition reuses it (resumable), any other
-definition runs again in a clean directory.
+definition runs again in a clean directory. The SLO targets are not part of the definition: they judge the
+records and do not change the run (requests carry their class by name), so a reused run is judged again, by
+the targets of this call.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from calroute.engines.procs import free_port, start_process_group, stop_process_
 from calroute.errors import CalrouteError
 from calroute.harness.gates import reset_prefix_caches
 from calroute.harness.loadgen import drive
-from calroute.results.metrics import RunSink, RunSummary, SummaryAccumulator
-from calroute.results.records import RecordWriter
+from calroute.results.metrics import RunSink, RunSummary, SummaryAccumulator, summarize
+from calroute.results.records import RecordWriter, read_records
 from calroute.routing.seeds import RouterSeeds
 from calroute.routing.variant import Variant
 from calroute.types import RequestSpec, SloClass
@@ -128,7 +130,13 @@ def run_variant(
     if done.exists():
         d = json.loads(done.read_text())
         if d.get("definition") == definition:
-            return LiveRun(RunSummary(**d["summary"]), d["valid"], d["lateness_p99_s"])
+            records = run_dir / "records.jsonl"
+            summary = (
+                summarize(list(read_records(records)), setup.calibration.slo)
+                if records.exists()
+                else RunSummary(**d["summary"])
+            )
+            return LiveRun(summary, d["valid"], d["lateness_p99_s"])
     if run_dir.exists():  # made from another definition, or interrupted: its logs must not mix with ours
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

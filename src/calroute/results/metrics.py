@@ -1,6 +1,7 @@
 """Goodput and latency summaries over request records (the same for simulated and live runs).
 
-A request is good when it completed and met both targets of its SLO class (TTFT and TPOT). Goodput is
+A request is good when it completed and met both targets of its SLO class (TTFT and TPOT), its TTFT target
+being that of its own prompt length when the targets have a per-token allowance (SloTargets). Goodput is
 good requests over all requests offered (rejected and failed ones count against it), a fraction. The
 prefix-hit ratio is the share of completed requests' prompt tokens that prefill engines served from cache.
 """
@@ -40,7 +41,9 @@ def is_good(rec: RequestRecord, slo: SloTargets) -> bool:
     ttft, tpot = rec.ttft_s, rec.tpot_s
     if rec.status is not RequestStatus.OK or ttft is None or tpot is None:
         return False
-    return ttft <= slo.ttft_s(rec.slo_class) and tpot <= slo.tpot_s(rec.slo_class)
+    cls = rec.slo_class
+    # The whole prompt, cached tokens included: the target is the request's, whatever the cache saved it.
+    return ttft <= slo.ttft_target_s(cls, rec.prompt_tokens) and tpot <= slo.tpot_s(cls)
 
 
 def _pct(values: list[float], q: float) -> float | None:
