@@ -11,6 +11,7 @@ import pytest
 
 from calroute.errors import ConfigError, TraceFormatError
 from calroute.types import SloClass
+from calroute.workload.reuse import unbounded_reuse
 from calroute.workload.traces import Trace, load_trace
 
 TRACES_DIR = Path(__file__).resolve().parents[2] / "data" / "traces"
@@ -289,3 +290,63 @@ def test_rescaling_needs_a_time_span(tmp_path: Path) -> None:
     assert single.requests[0].arrival_s == 0.0
     with pytest.raises(ConfigError, match="span no time"):
         load_trace(path, rate_rps=5.0)
+
+
+# --- Mooncake hash_ids: the prompts' prefix blocks ------------------------------------------------------
+
+
+def test_mooncake_hash_ids_become_full_prefix_blocks() -> None:
+    trace = load_trace(MOONCAKE)
+    # The file's first record: 40,160 tokens, hash_ids 0..78; the 79th block holds 224 tokens, dropped.
+    assert trace.requests[0].prefix_blocks == tuple(range(78))
+    assert all(len(r.prefix_blocks) == r.prompt_tokens // 512 for r in trace.requests)
+    # The issue's figure: 64 % of the raw hash_ids repeat an earlier prompt's leading blocks. Counting
+    # full blocks only, 65.9 % of them hit an unbounded cache, 65.0 % of all prompt tokens.
+    stats = unbounded_reuse(trace.requests)
+    assert stats.block_hit_ratio == pytest.approx(0.659, abs=0.001)
+    assert stats.hit_ratio == pytest.approx(0.650, abs=0.001)
+    assert all(r.prefix_blocks == () for r in load_trace(AZURE, limit=100).requests)
+
+
+def test_mooncake_blocks_follow_their_requests(tmp_path: Path) -> None:
+    text = (
+        '{"timestamp": 2000, "input_length": 1100, "output_length": 2, "hash_ids": [1, 2, 3]}\n'
+        '{"timestamp": 0, "input_length": 1024, "output_length": 2, "hash_ids": [1, 4]}\n'
+        '{"timestamp": 1000, "input_length": 600, "output_length": 2}\n'
+        '{"timestamp": 3000, "input_length": 1100, "output_length": 2, "hash_ids": [1]}\n'
+        '{"timestamp": 4000, "input_length": 0, "output_length": 2, "hash_ids": []}\n'
+    )
+    trace = load_trace(_write(tmp_path, "blocks.jsonl", text))
+    # Sorted by arrival with their lengths; a partial last block dropped; fewer ids than blocks kept as given.
+    assert [(r.prompt_tokens, r.prefix_blocks) for r in trace.requests] == [
+        (1024, (1, 4)),
+        (600, ()),
+        (1100, (1, 2)),
+        (1100, (1,)),
+        (1, ()),
+    ]
+    limited = load_trace(_write(tmp_path, "blocks.jsonl", text), limit=2, rate_rps=3.0)
+    assert [r.prefix_blocks for r in limited.requests] == [(1, 4), ()]
+
+
+@pytest.mark.parametrize(
+    ("hash_ids", "pattern"),
+    [
+        ('"1,2"', "hash_ids must be a list of block ids"),
+        ("{}", "hash_ids must be a list of block ids"),
+        ("[1, -2]", r"hash_ids must hold non-negative integers, got -2"),
+        ("[1, 2.0]", r"hash_ids must hold non-negative integers, got 2.0"),
+        ("[true]", r"hash_ids must hold non-negative integers, got True"),
+        ('["7"]', r"hash_ids must hold non-negative integers, got '7'"),
+        ("[1, 2, 3]", r"hash_ids names 3 blocks, but input_length 1024 fills at most 2 blocks of 512 tokens"),
+    ],
+)
+def test_mooncake_bad_hash_ids_name_file_line_and_field(tmp_path: Path, hash_ids: str, pattern: str) -> None:
+    text = (
+        '{"timestamp": 0, "input_length": 1024, "output_length": 1, "hash_ids": [5, 6]}\n\n'
+        f'{{"timestamp": 5, "input_length": 1024, "output_length": 1, "hash_ids": {hash_ids}}}\n'
+    )
+    path = _write(tmp_path, "bad_hash_ids.jsonl", text)
+    with pytest.raises(TraceFormatError, match=f":3: {pattern}") as info:
+        load_trace(path)
+    assert str(path) in str(info.value)

@@ -38,10 +38,9 @@ from calroute.harness.loadgen import DEFAULT_MAX_LATENESS_S, DEFAULT_TIMEOUT_S, 
 from calroute.results.metrics import summarize
 from calroute.results.records import RecordWriter
 from calroute.types import RequestSpec
-from calroute.workload.families import FAMILIES
-from calroute.workload.source import FamilyWorkload, TraceWorkload, WorkloadSource
+from calroute.workload.source import WORKLOADS, FamilyWorkload, TraceWorkload, WorkloadSource
 
-Family = Enum("Family", {f: f for f in FAMILIES}, type=str)  # type: ignore[misc]
+Family = Enum("Family", {f: f for f in WORKLOADS}, type=str)  # type: ignore[misc]
 EXIT_INVALID = 3
 
 

@@ -19,12 +19,12 @@ from calroute.cli.common import (
     slo_option,
 )
 from calroute.errors import ConfigError
-from calroute.workload.families import FAMILIES
+from calroute.workload.source import WORKLOADS
 
 
 def run(
     cluster: Annotated[Path, typer.Option(help="cluster file (calroute engines up)")],
-    workload: Annotated[str, typer.Option(help=f"workload family: {', '.join(FAMILIES)}")] = "mixed-bursty",
+    workload: Annotated[str, typer.Option(help=f"workload family: {', '.join(WORKLOADS)}")] = "mixed-bursty",
     policies: Annotated[str, typer.Option(help="comma-separated policies")] = (
         "round_robin,least_loaded,length_heuristic,marginal_cost"
     ),
@@ -60,8 +60,8 @@ def run(
     with exit_on_error():
         if (rate is None) == (not saturate_):
             raise ConfigError("give exactly one of --rate and --saturate")
-        if workload not in FAMILIES:
-            raise ConfigError(f"unknown workload {workload!r}; known: {', '.join(FAMILIES)}")
+        if workload not in WORKLOADS:
+            raise ConfigError(f"unknown workload {workload!r}; known: {', '.join(WORKLOADS)}")
         slo_spec = slo_option(slo)  # a bad file fails here, before the gates and calibration
         names = tuple(p.strip() for p in policies.split(",") if p.strip())
         params = parse_param_options(param or [], list(names))

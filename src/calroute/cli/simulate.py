@@ -30,11 +30,10 @@ from calroute.experiments.saturation import Probe
 from calroute.policies import ALL_POLICIES, expand_policy_list, policy_names
 from calroute.results.tables import RunRow, markdown_table
 from calroute.sim.simulator import ClusterShape
-from calroute.workload.families import FAMILIES
-from calroute.workload.source import FamilyWorkload, TraceWorkload, WorkloadSource
+from calroute.workload.source import WORKLOADS, FamilyWorkload, TraceWorkload, WorkloadSource
 
 DEFAULT_POLICIES = "round_robin,least_loaded,length_heuristic,marginal_cost"
-Workload = Enum("Workload", {f: f for f in FAMILIES}, type=str)  # type: ignore[misc]
+Workload = Enum("Workload", {f: f for f in WORKLOADS}, type=str)  # type: ignore[misc]
 
 
 def run_simulation(

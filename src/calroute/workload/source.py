@@ -9,7 +9,20 @@ from typing import Any, Protocol
 from calroute.errors import ConfigError
 from calroute.types import RequestSpec
 from calroute.workload.families import FAMILIES, generate_family
+from calroute.workload.prefix_families import PREFIX_FAMILIES, generate_prefix_family
 from calroute.workload.traces import Trace, load_trace
+
+# Every name `--workload` takes: the paper's families, then the ones with prompt reuse.
+WORKLOADS = FAMILIES + PREFIX_FAMILIES
+
+
+def generate_workload(
+    name: str, rate_rps: float, n_requests: int, seed: int, tight_fraction: float = 0.5
+) -> list[RequestSpec]:
+    """``n_requests`` requests of the workload ``name`` (one of WORKLOADS) at ``rate_rps`` on average."""
+    if name in PREFIX_FAMILIES:
+        return generate_prefix_family(name, rate_rps, n_requests, seed, tight_fraction)
+    return generate_family(name, rate_rps, n_requests, seed, tight_fraction)
 
 
 class WorkloadSource(Protocol):
@@ -30,8 +43,8 @@ class FamilyWorkload:
     tight_fraction: float = 0.5
 
     def __post_init__(self) -> None:
-        if self.family not in FAMILIES:
-            raise ConfigError(f"unknown workload {self.family!r}; known: {', '.join(FAMILIES)}")
+        if self.family not in WORKLOADS:
+            raise ConfigError(f"unknown workload {self.family!r}; known: {', '.join(WORKLOADS)}")
         if self.n_requests < 1:
             raise ConfigError(f"--requests must be >= 1, got {self.n_requests}")
 
@@ -42,7 +55,7 @@ class FamilyWorkload:
     def requests(self, rate_rps: float | None, seed: int) -> list[RequestSpec]:
         if rate_rps is None:
             raise ConfigError(f"workload {self.family!r} needs a rate: give --rate or --saturate")
-        return generate_family(self.family, rate_rps, self.n_requests, seed, self.tight_fraction)
+        return generate_workload(self.family, rate_rps, self.n_requests, seed, self.tight_fraction)
 
     def describe(self) -> dict[str, Any]:
         return {"workload": self.family, "requests": self.n_requests, "tight_fraction": self.tight_fraction}
@@ -50,11 +63,11 @@ class FamilyWorkload:
 
 def workload_source(name: str, n_requests: int, tight_fraction: float = 0.5) -> WorkloadSource:
     """A family by name, or else a trace file at that path (what an experiment's cell names)."""
-    if name in FAMILIES:
+    if name in WORKLOADS:
         return FamilyWorkload(name, n_requests, tight_fraction)
     path = Path(name)
     if not path.is_file():
-        raise ConfigError(f"workload {name!r} is neither a family ({', '.join(FAMILIES)}) nor a trace file")
+        raise ConfigError(f"workload {name!r} is neither a family ({', '.join(WORKLOADS)}) nor a trace file")
     return TraceWorkload(path, n_requests, tight_fraction)
 
 

@@ -1,7 +1,8 @@
 """Trace loaders for Azure LLM CSV, Mooncake JSONL, Splitwise/Vidur CSV and lengths-only CSV files.
 
 The format is detected from the content, not the file name. Timed traces are sorted by arrival (stably),
-shifted to start at 0 and optionally rescaled; lengths-only traces get seeded synthetic arrivals.
+shifted to start at 0 and optionally rescaled; lengths-only traces get seeded synthetic arrivals. Mooncake's
+``hash_ids`` become the requests' ``prefix_blocks`` (full blocks only); the other formats name none.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from calroute.errors import ConfigError, TraceFormatError
-from calroute.types import RequestSpec, SloClass
+from calroute.types import PREFIX_BLOCK_TOKENS, RequestSpec, SloClass
 from calroute.workload.arrivals import bursty_arrivals, poisson_arrivals
 
 AZURE_CSV = "azure-csv"
@@ -59,6 +60,7 @@ class _Columns:
     times_s: list[float] | None
     prompt_tokens: list[int]
     output_tokens: list[int]
+    prefix_blocks: list[tuple[int, ...]] | None = None  # Mooncake's hash_ids, full blocks only
 
 
 def _number(value: object) -> float:
@@ -181,10 +183,33 @@ def _parse_csv(path: Path, text: str, fmt: str) -> _Columns:
     return _Columns(None if time_col is None else times_s, prompts, outputs)
 
 
+def _hash_ids(path: Path, line: int, value: object, input_length: int) -> tuple[int, ...]:
+    """Mooncake's ``hash_ids`` as the prompt's full prefix blocks (RequestSpec.prefix_blocks).
+
+    The trace names every block of the prompt, the last one too when it is partial. A partial block is not
+    a prefix block: vLLM caches only full blocks, and two prompts whose last ids agree share only as many
+    of that block's tokens as the shorter has, which the id cannot tell. So the ids past the prompt's full
+    blocks are dropped.
+    """
+    if not isinstance(value, list):
+        raise TraceFormatError(f"{path}:{line}: hash_ids must be a list of block ids, got {value!r}")
+    for block in value:
+        if isinstance(block, bool) or not isinstance(block, int) or block < 0:
+            raise TraceFormatError(f"{path}:{line}: hash_ids must hold non-negative integers, got {block!r}")
+    most = -(-input_length // PREFIX_BLOCK_TOKENS)
+    if len(value) > most:
+        raise TraceFormatError(
+            f"{path}:{line}: hash_ids names {len(value)} blocks, but input_length {input_length} fills at "
+            f"most {most} blocks of {PREFIX_BLOCK_TOKENS} tokens"
+        )
+    return tuple(value[: input_length // PREFIX_BLOCK_TOKENS])
+
+
 def _parse_jsonl(path: Path, text: str) -> _Columns:
     times_s: list[float] = []
     prompts: list[int] = []
     outputs: list[int] = []
+    blocks: list[tuple[int, ...]] = []
     for line, raw in enumerate(text.split("\n"), start=1):
         if not raw.strip():
             continue
@@ -200,7 +225,9 @@ def _parse_jsonl(path: Path, text: str) -> _Columns:
         times_s.append(_seconds(path, line, "timestamp", record["timestamp"], 1e-3))
         prompts.append(_tokens(path, line, "input_length", record["input_length"]))
         outputs.append(_tokens(path, line, "output_length", record["output_length"]))
-    return _Columns(times_s, prompts, outputs)
+        hash_ids = record.get("hash_ids")
+        blocks.append(() if hash_ids is None else _hash_ids(path, line, hash_ids, prompts[-1]))
+    return _Columns(times_s, prompts, outputs, blocks)
 
 
 def _check_args(
@@ -254,6 +281,7 @@ def load_trace(
 
     prompt_tokens = np.array(columns.prompt_tokens, dtype=np.int64)
     output_tokens = np.array(columns.output_tokens, dtype=np.int64)
+    prefix_blocks: list[tuple[int, ...]] | None = None
     native_rate_rps: float | None = None
     scale_factor = 1.0
     arrivals_s: npt.NDArray[np.float64]
@@ -273,6 +301,8 @@ def load_trace(
         order = np.argsort(times_s, kind="stable")[:limit]
         arrivals_s = times_s[order] - times_s[order[0]]
         prompt_tokens, output_tokens = prompt_tokens[order], output_tokens[order]
+        if columns.prefix_blocks is not None:
+            prefix_blocks = [columns.prefix_blocks[i] for i in order.tolist()]
         span_s = float(arrivals_s[-1])
         if len(arrivals_s) >= 2 and span_s > 0:
             native_rate_rps = (len(arrivals_s) - 1) / span_s
@@ -292,14 +322,16 @@ def load_trace(
     prompt_tokens = np.maximum(prompt_tokens, 1)
     output_tokens = np.maximum(output_tokens, 1)
     tight = np.random.default_rng([seed, _SLO_STREAM]).random(len(prompt_tokens)) < tight_fraction
+    blocks = prefix_blocks if prefix_blocks is not None else [()] * len(prompt_tokens)
     requests = [
-        RequestSpec(f"t{i:06d}", t_s, p, o, SloClass.TIGHT if is_tight else SloClass.LOOSE)
-        for i, (t_s, p, o, is_tight) in enumerate(
+        RequestSpec(f"t{i:06d}", t_s, p, o, SloClass.TIGHT if is_tight else SloClass.LOOSE, b)
+        for i, (t_s, p, o, is_tight, b) in enumerate(
             zip(
                 arrivals_s.tolist(),
                 prompt_tokens.tolist(),
                 output_tokens.tolist(),
                 tight.tolist(),
+                blocks,
                 strict=True,
             )
         )
