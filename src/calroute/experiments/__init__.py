@@ -12,6 +12,7 @@ from calroute.experiments.frontier import Frontier
 from calroute.experiments.heterogeneity import Heterogeneity
 from calroute.experiments.mixed_bursty import MixedBursty
 from calroute.experiments.noise import Noise
+from calroute.experiments.prefix import PrefixReuse
 from calroute.experiments.scarcity import Scarcity
 from calroute.experiments.width import Width
 
@@ -28,6 +29,7 @@ EXPERIMENTS: dict[str, Experiment] = {
         Noise(),
         FailureRegions(),
         Fidelity(),
+        PrefixReuse(),
     )
 }
 
