@@ -358,3 +358,18 @@ def test_bench_requests_cover_the_duration_and_respect_the_cap() -> None:
         assert all(r.arrival_s < 30.0 for r in reqs) and reqs[-1].arrival_s > 29.0  # the whole duration
         assert 400 < len(reqs) < 800
         assert workload_requests(source, 20.0, 30.0, seed=2, max_requests=50) == reqs[:50]
+
+
+def test_requests_naming_the_same_blocks_send_the_same_leading_tokens() -> None:
+    from calroute.harness.loadgen import request_body
+    from calroute.types import PREFIX_BLOCK_TOKENS
+
+    shared = (101, 102)
+    a = RequestSpec("a", 0.0, 2 * PREFIX_BLOCK_TOKENS + 40, 8, SloClass.LOOSE, shared)
+    b = RequestSpec("b", 0.1, 3 * PREFIX_BLOCK_TOKENS, 8, SloClass.LOOSE, (*shared, 103))
+    c = RequestSpec("c", 0.2, 2 * PREFIX_BLOCK_TOKENS + 40, 8, SloClass.LOOSE)
+    prompts = [json.loads(request_body("m", s, i, 0))["prompt"] for i, s in enumerate((a, b, c))]
+    assert [len(p) for p in prompts] == [s.prompt_tokens for s in (a, b, c)]
+    n = 2 * PREFIX_BLOCK_TOKENS
+    assert prompts[0][:n] == prompts[1][:n] and prompts[0][n:] != prompts[1][n : n + 40]
+    assert prompts[2][:16] != prompts[0][:16]  # no blocks named: its own prompt from the first token

@@ -46,10 +46,11 @@ import aiohttp
 import numpy as np
 
 from calroute.errors import ConfigError
-from calroute.harness.prompts import prompt_json
+from calroute.harness.prompts import ids_json, prompt_json
 from calroute.proxy.oracle import ORACLE_HEADER
 from calroute.results.records import RequestRecord
 from calroute.types import RequestSpec, RequestStatus, SloClass
+from calroute.workload.tokens import prompt_token_ids
 
 DEFAULT_MAX_LATENESS_S = 0.010
 DEFAULT_TIMEOUT_S = 600.0  # a 4k-token output at 100 ms per token under overload still finishes
@@ -89,8 +90,12 @@ class LoadResult:
 
 
 def request_body(model: str, spec: RequestSpec, index: int, prompt_seed: int) -> bytes:
-    """The JSON body of one request, as bytes (``index`` picks the request's distinct prompt)."""
-    prompt = prompt_json(index, spec.prompt_tokens, prompt_seed)
+    """The JSON body of one request, as bytes (``index`` picks the request's distinct prompt; a request
+    naming prefix blocks shares their tokens with every request naming them, workload/tokens.py)."""
+    if spec.prefix_blocks:
+        prompt = ids_json(prompt_token_ids(spec, seed=prompt_seed))
+    else:
+        prompt = prompt_json(index, spec.prompt_tokens, prompt_seed)
     return b"".join(
         (
             b'{"model":',
