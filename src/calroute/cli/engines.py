@@ -46,10 +46,19 @@ def emulate(
         float, typer.Option(min=0.0, help="unreachable prefill engine: fail after")
     ] = 5.0,
     seed: Annotated[int, typer.Option(help="seed of injected faults")] = 0,
+    kv_events_config: Annotated[
+        str | None,
+        typer.Option(
+            help="vLLM's KV events JSON, e.g. "
+            '\'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557"}\'; '
+            "engine i publishes on the endpoint's port + i"
+        ),
+    ] = None,
 ) -> None:
     """Serve emulated vLLM engines (GPU-like timing from a hardware profile) until SIGTERM."""
     from calroute.engines.emulate import run
     from calroute.engines.group import EngineSpec, GroupConfig
+    from calroute.engines.kv_events import KvEventsConfig
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with exit_on_error():
@@ -65,6 +74,7 @@ def emulate(
             raise ConfigError(
                 f"--kv-load-failure-policy must be fail or recompute, got {kv_load_failure_policy!r}"
             )
+        events = None if kv_events_config is None else KvEventsConfig.from_json(kv_events_config)
         config = GroupConfig(
             profile=hw,
             model_name=model,
@@ -75,6 +85,7 @@ def emulate(
             kv_failure_policy=kv_load_failure_policy,
             handshake_timeout_s=handshake_timeout_s,
             seed=seed,
+            kv_events=events,
         )
     run(config, specs)
 
