@@ -94,16 +94,9 @@ def test_events_feed_the_index_and_live_engines_ignore_placements() -> None:
                 {
                     "ts": 1.0,
                     "events": [
-                        {
-                            "type": "BlockStored",
-                            "block_hashes": [(5).to_bytes(32, "big"), 6],
-                            "medium": "GPU",
-                        },
-                        {
-                            "type": "BlockStored",
-                            "block_hashes": [9],
-                            "medium": "CPU",
-                        },  # another tier: skipped
+                        {"type": "BlockStored", "block_hashes": [b5, 6], "medium": "GPU"},
+                        # another tier: skipped
+                        {"type": "BlockStored", "block_hashes": [9], "medium": "CPU"},
                         {"type": "SomethingNew", "x": 1},  # unknown tag: skipped
                     ],
                     "data_parallel_rank": 0,
