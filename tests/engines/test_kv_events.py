@@ -12,7 +12,7 @@ import pytest
 import zmq
 
 from calroute.engines.group import RunningEngine
-from calroute.engines.kv_events import KvEventsConfig, engine_endpoint
+from calroute.engines.kv_events import KvEventsConfig, binds, engine_endpoint
 from calroute.engines.kvcache import BLOCK_TOKENS, AllBlocksCleared, BlockRemoved, BlockStored, KvCache
 from calroute.errors import ConfigError
 from calroute.types import Role
@@ -145,3 +145,21 @@ def test_kv_events_config_is_vllms_json_and_endpoints_offset_per_engine() -> Non
     assert engine_endpoint("tcp://127.0.0.1:*", 3, "127.0.0.1") == "tcp://127.0.0.1:*"
     assert engine_endpoint("tcp://127.0.0.2:7000", 1, "127.0.0.1") == "tcp://127.0.0.2:7001"
     assert engine_endpoint("ipc:///tmp/kv", 1, "127.0.0.1") == "ipc:///tmp/kv_dp1"
+    assert binds("tcp://*:5557") and binds("tcp://127.0.0.1:*") and not binds("tcp://127.0.0.1:5557")
+
+
+def test_the_cluster_file_carries_each_engines_event_endpoint(tmp_path: Any) -> None:
+    from calroute.engines.cluster import ClusterEngine, ClusterFile
+
+    cluster = ClusterFile(
+        "emulated",
+        "emulated",
+        1000,
+        (
+            ClusterEngine("p", Role.PREFILL, "http://127.0.0.1:1", 100, "tcp://127.0.0.1:2"),
+            ClusterEngine("d", Role.DECODE, "http://127.0.0.1:3", 100),
+        ),
+    )
+    cluster.save(tmp_path / "c.yaml")
+    assert ClusterFile.load(tmp_path / "c.yaml") == cluster
+    assert "kv_events_endpoint" not in cluster.to_dict()["engines"][1]  # absent, not null

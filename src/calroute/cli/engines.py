@@ -102,6 +102,9 @@ def up(
     time_scale: Annotated[float, typer.Option(min=0.001, help="emulated: multiply modelled durations")] = 1.0,
     stream_interval: Annotated[int, typer.Option(min=1, help="emulated: tokens per SSE chunk")] = 1,
     process_per_engine: Annotated[bool, typer.Option(help="emulated: one process per engine")] = False,
+    kv_events: Annotated[
+        bool, typer.Option(help="emulated: publish vLLM's KV events (endpoints in the cluster file)")
+    ] = False,
     out: Annotated[Path, typer.Option(help="the cluster file to write")] = Path("cluster.yaml"),
     log_dir: Annotated[Path, typer.Option(help="engine logs")] = Path("out/engines"),
 ) -> None:
@@ -119,6 +122,7 @@ def up(
                 time_scale=time_scale,
                 stream_interval=stream_interval,
                 process_per_engine=process_per_engine,
+                kv_events=kv_events,
             )
         else:
             launched = launch.up_vllm(prefill, decode, log_dir, repo_root=Path.cwd())

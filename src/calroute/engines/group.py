@@ -19,7 +19,7 @@ from aiohttp import web
 
 from calroute.costmodel.profiles import HardwareProfile
 from calroute.engines.core import EngineCore
-from calroute.engines.kv_events import KvEventsConfig, ZmqPublisher, engine_endpoint
+from calroute.engines.kv_events import KvEventsConfig, ZmqPublisher, binds, engine_endpoint
 from calroute.engines.request import PullFailed
 from calroute.engines.server import EngineServer, Faults
 from calroute.types import Role
@@ -84,7 +84,9 @@ class EngineGroup:
         publisher = None
         if cfg.kv_events is not None and cfg.kv_events.enabled:
             ev = cfg.kv_events
-            publisher = ZmqPublisher(engine_endpoint(ev.endpoint, index, cfg.host), ev.topic, ev.hwm)
+            publisher = ZmqPublisher(
+                engine_endpoint(ev.endpoint, index, cfg.host), binds(ev.endpoint), ev.topic, ev.hwm
+            )
         core = EngineCore(
             engine_id=str(uuid.uuid4()),
             profile=cfg.profile,

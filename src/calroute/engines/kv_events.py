@@ -85,11 +85,18 @@ class KvEventsConfig:
 _TCP = re.compile(r"^tcp://(?P<host>[^:]+|\[[^\]]+\]):(?P<port>\d+|\*)$")
 
 
+def binds(endpoint: str) -> bool:
+    """vLLM's rule: the publisher binds an endpoint with a wildcard (or an ipc/inproc one) and connects to
+    any other, where a subscriber is expected to bind."""
+    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
+
+
 def engine_endpoint(endpoint: str, index: int, host: str) -> str:
     """Engine ``index``'s endpoint in a process that runs several: the port offset by the index, as vLLM
     offsets it by the data-parallel rank (ZmqEventPublisher.offset_endpoint_port); a wildcard port (``*``)
     stays one (each engine binds a free port). A wildcard host (``*``) becomes ``host``: the emulator binds
-    loopback only, where vLLM's default ``tcp://*:5557`` listens on every interface."""
+    loopback only, where vLLM's default ``tcp://*:5557`` listens on every interface. Whether to bind or
+    connect is decided on the endpoint as configured (``binds``), before this rewrite."""
     m = _TCP.match(endpoint)
     if m is None:
         return endpoint if index == 0 else f"{endpoint}_dp{index}"  # ipc:// and inproc://, as vLLM
@@ -121,14 +128,13 @@ def encode_batch(events: Sequence[KvEvent], ts: float, data_parallel_rank: int =
 
 
 class ZmqPublisher:
-    """One engine's PUB socket. Binds when the endpoint has a wildcard (or is ipc/inproc), else connects to
-    a subscriber that binds there: vLLM's rule."""
+    """One engine's PUB socket: bound at ``endpoint``, or connected to a subscriber bound there."""
 
-    def __init__(self, endpoint: str, topic: str = "", hwm: int = 100_000) -> None:
+    def __init__(self, endpoint: str, bind: bool, topic: str = "", hwm: int = 100_000) -> None:
         self._sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PUB)
         self._sock.setsockopt(zmq.SNDHWM, hwm)
         self._sock.setsockopt(zmq.LINGER, 0)
-        if "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://")):
+        if bind:
             self._sock.bind(endpoint)
             # the address subscribers connect to (a wildcard port resolved)
             self.endpoint: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
