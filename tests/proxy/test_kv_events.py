@@ -203,3 +203,29 @@ def test_decode_batch_bounds() -> None:
     with pytest.raises(BadMessage):
         decode_batch(msgpack.packb([[[[[]]]]] * 3), max_bytes=1000)
     assert decode_batch(msgpack.packb([1.0, [["BlockStored", [-1]]], 0]), 1000) == [("stored", [2**64 - 1])]
+
+
+def test_something_not_zmq_at_the_endpoint_never_makes_the_stream_live() -> None:
+    async def main() -> None:
+        async def babble(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.write(b"HTTP/1.1 200 OK\r\n\r\n" + b"\xff" * 4096)
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(babble, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        registry = CollectorRegistry()
+        index = PreciseIndex(SPECS, block_tokens=16)
+        sub = KvEventSubscriber({"p0": f"tcp://127.0.0.1:{port}"}, index, registry, time.monotonic)
+        sub.start()
+        try:
+            await asyncio.sleep(1.0)
+            assert registry.get_sample_value("calroute_kv_events_live", {"engine": "p0"}) == 0.0
+            index.placed("p0", [1])  # the router's placements stand in
+            assert index.match([1]) == {"p0": 16}
+        finally:
+            await sub.stop()
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(main())

@@ -214,7 +214,8 @@ class KvEventSubscriber:
         sock.setsockopt(zmq.HEARTBEAT_IVL, ivl_ms)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * ivl_ms)
         sock.setsockopt(zmq.SUBSCRIBE, b"")  # one socket per engine: every topic on it is the engine's
-        monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        # Live on a finished ZMTP handshake, not on a TCP connection: whatever listens there must speak ZMQ.
+        monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         sock.connect(endpoint)
         return sock, monitor
 
@@ -282,7 +283,7 @@ class KvEventSubscriber:
                 event = recv_monitor_message(s.monitor, zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if event["event"] == zmq.EVENT_CONNECTED:
+            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 s.connected = True
                 s.reopen_at_s = None
                 s.last_seq = None  # a new connection: whatever came before is gone
