@@ -186,8 +186,8 @@ class KvEventSubscriber:
         self.errors = Counter(
             "calroute_kv_events_errors",
             "KV event stream troubles, by kind: decode (not msgpack), schema (not an EventBatch), frames "
-            "(not [topic, seq, payload]), oversized, gap (seq skipped: events lost), disconnect, silent "
-            "(no events where some were owed).",
+            "(not [topic, seq, payload]), gap (seq skipped: events lost), disconnect (also a message over "
+            "the size cap: libzmq drops its connection), silent (no events where some were owed).",
             ["engine", "kind"],
             registry=registry,
         )
@@ -321,7 +321,10 @@ class KvEventSubscriber:
         s.bad_streak = 0
         s.expect_since_s = None
         if not self.is_live(s.engine_id):
-            self._live(s, "events resumed")
+            # Messages still queued from a connection that has dropped are true but do not make the stream
+            # live: the reconnection does (clearing the view, as events are missed in between).
+            if s.connected:
+                self._live(s, "events resumed")
         elif s.last_seq is not None and seq != s.last_seq + 1:
             # Lost (or replayed, or a restarted publisher's) batches: what the view holds is unknown.
             self.errors.labels(s.engine_id, "gap").inc()
