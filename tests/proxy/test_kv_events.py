@@ -229,3 +229,33 @@ def test_something_not_zmq_at_the_endpoint_never_makes_the_stream_live() -> None
             await server.wait_closed()
 
     asyncio.run(main())
+
+
+def test_decode_batch_reads_every_vllm_layout() -> None:
+    """The payloads vLLM's msgspec writes (these literals pack to the same bytes as msgspec 0.23's encoder
+    given vLLM's structs; checked when written): all arrays with every field (msgspec's array_like keeps
+    defaults), an array batch of map events (the mix reported for v0.28.0), all maps."""
+    top, digest = 2**64 - 1, b"\x01" * 32
+    folded = int.from_bytes(digest, "big") & (2**64 - 1)
+    stored_array = ["BlockStored", [top, digest], None, [5] * 32, 16, None, "GPU", None, None, 0, None, None]
+    arrays = [1.0, [stored_array, ["BlockRemoved", [7], "GPU", 0], ["AllBlocksCleared"]], 0]
+    stored = {
+        "type": "BlockStored",
+        "block_hashes": [top, digest],
+        "parent_block_hash": None,
+        "token_ids": [5] * 32,
+        "block_size": 16,
+        "lora_id": None,
+        "medium": "GPU",
+        "lora_name": None,
+        "group_idx": 0,
+    }
+    removed = {"type": "BlockRemoved", "block_hashes": [7], "medium": "GPU", "group_idx": 0}
+    cleared = {"type": "AllBlocksCleared"}
+    mixed = [1.0, [stored, removed, cleared], 0]
+    maps = {"ts": 1.0, "events": [stored, removed, cleared], "data_parallel_rank": 0}
+    oldest = [1.0, [["BlockStored", [3], 2, [5] * 16, 16, None], ["BlockRemoved", [3]]]]  # b4e69e0a
+    want = [("stored", [top, folded]), ("removed", [7]), ("cleared", [])]
+    for batch in (arrays, mixed, maps):
+        assert decode_batch(msgpack.packb(batch, use_bin_type=True), 10_000) == want
+    assert decode_batch(msgpack.packb(oldest), 10_000) == [("stored", [3]), ("removed", [3])]

@@ -107,7 +107,9 @@ def engine_endpoint(endpoint: str, index: int, host: str) -> str:
 
 def encode_event(event: KvEvent) -> list[Any]:
     """One event as vLLM's msgspec writes a tagged ``array_like`` struct: the class name, then the fields
-    in order; the trailing fields left at their defaults (extra_keys, group_idx, ...) are omitted."""
+    in order. vLLM's msgspec writes every field of an array, defaults too; this stops after lora_name (the
+    last field without a default): msgspec decoders give missing trailing fields their defaults and ignore
+    extra ones, so releases before and after read it alike."""
     if isinstance(event, BlockStored):
         # block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, lora_name
         return ["BlockStored", event.block_hashes, event.parent, event.token_ids, BLOCK_TOKENS, None,
