@@ -125,6 +125,9 @@ def up(
                 kv_events=kv_events,
             )
         else:
+            if kv_events:
+                # Not wired for real vLLM: its block hashes are not the proxy's (docs/prefix.md).
+                raise ConfigError("--kv-events: emulated engines only")
             launched = launch.up_vllm(prefill, decode, log_dir, repo_root=Path.cwd())
     cluster = launched.file
     cluster.save(out)
