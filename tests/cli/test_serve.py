@@ -79,3 +79,9 @@ def test_a_value_no_proxy_runs_with_is_refused_by_name(
 ) -> None:
     code, stderr, seen = serve(tmp_path, monkeypatch, option, OPTIONS[option][3])
     assert code == 2 and option in stderr and not seen
+
+
+def test_prefix_index_is_a_switch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    code, stderr, [cfg] = serve(tmp_path, monkeypatch, "--prefix-index")
+    assert code == 0, stderr
+    assert cfg.prefix_index and not DEFAULTS["prefix_index"]

@@ -46,10 +46,19 @@ def emulate(
         float, typer.Option(min=0.0, help="unreachable prefill engine: fail after")
     ] = 5.0,
     seed: Annotated[int, typer.Option(help="seed of injected faults")] = 0,
+    kv_events_config: Annotated[
+        str | None,
+        typer.Option(
+            help="vLLM's KV events JSON, e.g. "
+            '\'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557"}\'; '
+            "engine i publishes on the endpoint's port + i"
+        ),
+    ] = None,
 ) -> None:
     """Serve emulated vLLM engines (GPU-like timing from a hardware profile) until SIGTERM."""
     from calroute.engines.emulate import run
     from calroute.engines.group import EngineSpec, GroupConfig
+    from calroute.engines.kv_events import KvEventsConfig
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with exit_on_error():
@@ -65,6 +74,7 @@ def emulate(
             raise ConfigError(
                 f"--kv-load-failure-policy must be fail or recompute, got {kv_load_failure_policy!r}"
             )
+        events = None if kv_events_config is None else KvEventsConfig.from_json(kv_events_config)
         config = GroupConfig(
             profile=hw,
             model_name=model,
@@ -75,6 +85,7 @@ def emulate(
             kv_failure_policy=kv_load_failure_policy,
             handshake_timeout_s=handshake_timeout_s,
             seed=seed,
+            kv_events=events,
         )
     run(config, specs)
 
@@ -91,6 +102,9 @@ def up(
     time_scale: Annotated[float, typer.Option(min=0.001, help="emulated: multiply modelled durations")] = 1.0,
     stream_interval: Annotated[int, typer.Option(min=1, help="emulated: tokens per SSE chunk")] = 1,
     process_per_engine: Annotated[bool, typer.Option(help="emulated: one process per engine")] = False,
+    kv_events: Annotated[
+        bool, typer.Option(help="emulated: publish vLLM's KV events (endpoints in the cluster file)")
+    ] = False,
     out: Annotated[Path, typer.Option(help="the cluster file to write")] = Path("cluster.yaml"),
     log_dir: Annotated[Path, typer.Option(help="engine logs")] = Path("out/engines"),
 ) -> None:
@@ -108,8 +122,12 @@ def up(
                 time_scale=time_scale,
                 stream_interval=stream_interval,
                 process_per_engine=process_per_engine,
+                kv_events=kv_events,
             )
         else:
+            if kv_events:
+                # Not wired for real vLLM: its block hashes are not the proxy's (docs/prefix.md).
+                raise ConfigError("--kv-events: emulated engines only")
             launched = launch.up_vllm(prefill, decode, log_dir, repo_root=Path.cwd())
     cluster = launched.file
     cluster.save(out)

@@ -63,6 +63,13 @@ def serve(
     online_calibration: Annotated[
         bool, typer.Option(help="refit the router's constants from routed requests as traffic flows")
     ] = False,
+    prefix_index: Annotated[
+        bool,
+        typer.Option(
+            help="match prompts against the engines' prefix caches: their KV events where the cluster file "
+            "names a kv_events_endpoint, the router's own placements elsewhere (docs/prefix.md)"
+        ),
+    ] = False,
     poll_interval: Annotated[
         float,
         typer.Option(
@@ -166,6 +173,7 @@ def serve(
                 decision_log_path=decision_log,
                 max_attempts=max_attempts,
                 online_calibration=online_calibration,
+                prefix_index=prefix_index,
                 poll_interval_s=poll_interval,
                 stall_timeout_s=stall_timeout,
                 max_answer_bytes=max_answer_bytes,

@@ -130,6 +130,12 @@ def _chat_ids(body: dict[str, Any]) -> list[int]:
     return tokens.encode(tokens.chat_prompt(pairs))
 
 
+def prompt_token_ids(body: dict[str, Any], chat: bool) -> list[int]:
+    """The token ids the emulator prefills for this body (ApiError if it has no valid prompt): what the
+    proxy hashes to match the engines' prefix caches (kvcache.prefix_block_ids)."""
+    return _chat_ids(body) if chat else _prompt_ids(body)
+
+
 def parse(body: Any, chat: bool, model_name: str, max_model_len: int) -> Parsed:
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")

@@ -22,6 +22,9 @@ class ClusterEngine:
     role: Role
     url: str
     kv_capacity_tokens: int
+    # Where the engine publishes its KV events (vLLM's --kv-events-config endpoint, as the proxy connects
+    # to it: tcp://127.0.0.1:5557); None: the proxy's prefix index uses its own placements for it.
+    kv_events_endpoint: str | None = None
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,10 @@ class ClusterFile:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["engines"] = [{**asdict(e), "role": e.role.value} for e in self.engines]
+        d["engines"] = [
+            {k: v for k, v in {**asdict(e), "role": e.role.value}.items() if v is not None}
+            for e in self.engines
+        ]
         d["pgids"] = list(self.pgids)
         d["logs"] = list(self.logs)
         return {"version": SCHEMA_VERSION, **d}
@@ -82,6 +88,9 @@ class ClusterFile:
                     role=Role(e["role"]),
                     url=str(e["url"]).rstrip("/"),
                     kv_capacity_tokens=int(e["kv_capacity_tokens"]),
+                    kv_events_endpoint=None
+                    if e.get("kv_events_endpoint") is None
+                    else str(e["kv_events_endpoint"]),
                 )
                 for e in d.pop("engines")
             )

@@ -17,12 +17,12 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from calroute.costmodel.profiles import HardwareProfile
 from calroute.engines import tokens
-from calroute.engines.kvcache import KvCache, block_hashes, blocks_for
+from calroute.engines.kvcache import KvCache, KvEvent, block_hashes, blocks_for
 from calroute.engines.request import EngineRequest, KvPuller, Phase, PullFailed
 
 logger = logging.getLogger(__name__)
@@ -53,7 +53,10 @@ class EngineCore:
         kv_failure_policy: str = "fail",
         puller: KvPuller | None = None,
         observer: Callable[[str, float], None] | None = None,
+        publish_events: Callable[[Sequence[KvEvent]], None] | None = None,
     ) -> None:
+        """``publish_events``: where the prefix cache's KV events go, one batch per step (None: events
+        off, and none are recorded)."""
         if time_scale <= 0:
             raise ValueError(f"time_scale must be > 0, got {time_scale}")
         if kv_failure_policy not in ("fail", "recompute"):
@@ -67,7 +70,8 @@ class EngineCore:
         self.puller = puller
         self.address = ("127.0.0.1", 0)  # where decode engines reach this one; set by the server
         self.observer = observer or (lambda name, value: None)
-        self.kv = KvCache(profile.limits.kv_capacity_tokens)
+        self.kv = KvCache(profile.limits.kv_capacity_tokens, record_events=publish_events is not None)
+        self.publish_events = publish_events
         self.stats = EngineStats()
         self._waiting: deque[EngineRequest] = deque()
         self._running: list[EngineRequest] = []
@@ -125,6 +129,15 @@ class EngineCore:
 
     def reset_prefix_cache(self) -> None:
         self.kv.reset_prefix_cache()
+        # Published now, not with the next step: an idle engine may not step for a long while, and a
+        # subscriber must not keep matching against a cache that is gone.
+        self._publish_events()
+
+    def _publish_events(self) -> None:
+        if self.publish_events is not None:
+            events = self.kv.take_events()
+            if events:
+                self.publish_events(events)
 
     # ---- metrics ------------------------------------------------------------------------------------
 
@@ -160,6 +173,7 @@ class EngineCore:
             deadline = max(deadline, loop.time() - 0.002) + duration_s
             await asyncio.sleep(max(0.0, deadline - loop.time()))
             self._apply(batch)
+            self._publish_events()  # one batch per step, as vLLM's scheduler publishes them
 
     def _schedule(self) -> list[tuple[EngineRequest, int]]:
         """The next iteration: (request, tokens to process) pairs. Mutates only bookkeeping."""
@@ -292,7 +306,7 @@ class EngineCore:
         else:
             self.kv.free(req.blocks)
         req.blocks = 0
-        self.kv.remember(hashes)
+        self.kv.remember(hashes, req.prompt_ids)
         self.stats.prompt_tokens += req.prompt_tokens
         self.observer("e2e", time.monotonic() - req.arrival_s)
         self._finish(req, reason)

@@ -21,6 +21,8 @@ async def serve(config: GroupConfig, specs: list[EngineSpec]) -> None:
     try:
         for e in await group.start(specs):
             logger.info("engine %s (%s) on %s", e.core.engine_id, e.spec.role.value, e.url)
+            if e.kv_events_endpoint is not None:
+                logger.info("engine %s publishes KV events on %s", e.core.engine_id, e.kv_events_endpoint)
         await stop.wait()
     finally:
         await group.stop()

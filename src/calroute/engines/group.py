@@ -19,6 +19,7 @@ from aiohttp import web
 
 from calroute.costmodel.profiles import HardwareProfile
 from calroute.engines.core import EngineCore
+from calroute.engines.kv_events import KvEventsConfig, ZmqPublisher, binds, engine_endpoint
 from calroute.engines.request import PullFailed
 from calroute.engines.server import EngineServer, Faults
 from calroute.types import Role
@@ -43,6 +44,7 @@ class GroupConfig:
     kv_failure_policy: str = "fail"
     handshake_timeout_s: float = 5.0
     seed: int = 0
+    kv_events: KvEventsConfig | None = None  # vLLM's --kv-events-config; engine i's port offset by i
 
 
 @dataclass
@@ -53,6 +55,12 @@ class RunningEngine:
     runner: web.AppRunner
     port: int
     crashed: bool = False
+    publisher: ZmqPublisher | None = None
+
+    @property
+    def kv_events_endpoint(self) -> str | None:
+        """Where this engine's KV events are published (None: events off)."""
+        return None if self.publisher is None else self.publisher.endpoint
 
     @property
     def url(self) -> str:
@@ -73,12 +81,19 @@ class EngineGroup:
 
     async def _start_one(self, spec: EngineSpec, index: int) -> RunningEngine:
         cfg = self.config
+        publisher = None
+        if cfg.kv_events is not None and cfg.kv_events.enabled:
+            ev = cfg.kv_events
+            publisher = ZmqPublisher(
+                engine_endpoint(ev.endpoint, index, cfg.host), binds(ev.endpoint), ev.topic, ev.hwm
+            )
         core = EngineCore(
             engine_id=str(uuid.uuid4()),
             profile=cfg.profile,
             time_scale=cfg.time_scale,
             kv_lease_s=cfg.kv_lease_s,
             kv_failure_policy=cfg.kv_failure_policy,
+            publish_events=None if publisher is None else publisher.publish,
         )
         core.puller = lambda params, prompt_tokens: self._pull(core, params, prompt_tokens)
         server = EngineServer(
@@ -96,7 +111,7 @@ class EngineGroup:
         port = runner.addresses[0][1]
         core.address = (cfg.host, port)
         core.start()
-        return RunningEngine(spec, core, server, runner, port)
+        return RunningEngine(spec, core, server, runner, port, publisher=publisher)
 
     def _by_port(self, host: str, port: int) -> RunningEngine | None:
         if host not in ("127.0.0.1", "localhost", self.config.host):
@@ -151,6 +166,8 @@ class EngineGroup:
         engine.server.abort_in_flight()
         await engine.runner.cleanup()
         await engine.core.stop()
+        if engine.publisher is not None:
+            engine.publisher.close()  # a dead engine's event stream goes silent, as a dead vLLM's does
         logger.warning("engine on port %d crashed (injected fault)", engine.port)
 
     async def stop(self) -> None:
@@ -159,5 +176,7 @@ class EngineGroup:
                 e.server.abort_in_flight()
                 await e.runner.cleanup()
                 await e.core.stop()
+                if e.publisher is not None:
+                    e.publisher.close()
         if self._session is not None:
             await self._session.close()

@@ -1,14 +1,21 @@
 """The emulated engine's KV cache: paged blocks, a prefix cache over freed blocks, and blocks held for a
-remote decode engine (the prefill side of NixlConnector) until they are pulled or their lease expires."""
+remote decode engine (the prefill side of NixlConnector) until they are pulled or their lease expires.
+
+With events on, the prefix cache records what vLLM's block pool publishes as KV events (docs/prefix.md, "KV
+events on the wire"): blocks stored, blocks evicted, the whole cache cleared. The engine core takes them
+once per step and publishes them (engines/kv_events.py).
+"""
 
 from __future__ import annotations
 
 import hashlib
+import struct
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 BLOCK_TOKENS = 16
+_MASK64 = (1 << 64) - 1
 
 
 def blocks_for(tokens: int) -> int:
@@ -17,13 +24,53 @@ def blocks_for(tokens: int) -> int:
 
 def block_hashes(prompt_ids: Sequence[int]) -> list[bytes]:
     """Chained hashes of the prompt's full blocks: block i's hash covers every token up to its end."""
+    n = len(prompt_ids) // BLOCK_TOKENS * BLOCK_TOKENS
+    # Every token as 4 little-endian bytes, packed once (the proxy hashes each prompt on its event loop).
+    data = struct.pack(f"<{n}I", *prompt_ids[:n])
+    step = 4 * BLOCK_TOKENS
+    blake2b = hashlib.blake2b
     out = []
     h = b""
-    for start in range(0, len(prompt_ids) - BLOCK_TOKENS + 1, BLOCK_TOKENS):
-        chunk = b"".join(t.to_bytes(4, "little") for t in prompt_ids[start : start + BLOCK_TOKENS])
-        h = hashlib.blake2b(h + chunk, digest_size=16).digest()
+    for start in range(0, 4 * n, step):
+        h = blake2b(h + data[start : start + step], digest_size=16).digest()
         out.append(h)
     return out
+
+
+def external_hash(h: bytes) -> int:
+    """A block hash as it goes on the KV-events wire and into the router's prefix index: the low 64 bits of
+    the hash read big-endian, as vLLM turns its bytes hashes into ints (maybe_convert_block_hash). msgpack
+    carries integers of at most 64 bits, and the router's index keys blocks by int."""
+    return int.from_bytes(h, "big") & _MASK64
+
+
+def prefix_block_ids(prompt_ids: Sequence[int]) -> list[int]:
+    """The prompt's full blocks as the router's prefix index and the KV events name them. The proxy calls
+    this on the token ids the emulator hashes, so its index hits exactly where the engine's cache does."""
+    return [external_hash(h) for h in block_hashes(prompt_ids)]
+
+
+@dataclass(frozen=True)
+class BlockStored:
+    """Blocks that became cached: a chain of full blocks, ``parent`` the block before the first (None: the
+    prompt's first block), ``token_ids`` the tokens of all of them (as vLLM's event carries them)."""
+
+    block_hashes: list[int]
+    parent: int | None
+    token_ids: list[int]
+
+
+@dataclass(frozen=True)
+class BlockRemoved:
+    block_hashes: list[int]
+
+
+@dataclass(frozen=True)
+class AllBlocksCleared:
+    pass
+
+
+KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 
 @dataclass
@@ -41,8 +88,10 @@ class KvCache:
     """Block accounting. Cached prefix blocks are free (evictable), as in vLLM: usage counts only blocks
     held by requests, running or waiting to be pulled."""
 
-    def __init__(self, capacity_tokens: int) -> None:
+    def __init__(self, capacity_tokens: int, record_events: bool = False) -> None:
         self.total_blocks = max(1, capacity_tokens // BLOCK_TOKENS)
+        # None: events off (the default), so an engine nobody subscribes to keeps no event list.
+        self._events: list[KvEvent] | None = [] if record_events else None
         self.used_blocks = 0
         self._prefix: OrderedDict[bytes, None] = OrderedDict()
         self.held: dict[str, HeldKv] = {}
@@ -77,15 +126,49 @@ class KvCache:
             hit += 1
         return hit * BLOCK_TOKENS
 
-    def remember(self, hashes: Sequence[bytes]) -> None:
-        for h in hashes:
-            self._prefix[h] = None
-            self._prefix.move_to_end(h)
+    def remember(self, hashes: Sequence[bytes], prompt_ids: Sequence[int] = ()) -> None:
+        """Cache a finished prompt's full blocks (``prompt_ids``: its tokens, for the BlockStored events)."""
+        events = self._events
+        run_start = -1  # first block of the current run of newly cached blocks
+        for i, h in enumerate(hashes):
+            if h in self._prefix:
+                self._prefix.move_to_end(h)
+                if events is not None and run_start >= 0:
+                    events.append(self._stored(hashes, run_start, i, prompt_ids))
+                    run_start = -1
+            else:
+                self._prefix[h] = None
+                if run_start < 0:
+                    run_start = i
+        if events is not None and run_start >= 0:
+            events.append(self._stored(hashes, run_start, len(hashes), prompt_ids))
+        evicted = []
         while len(self._prefix) > self.total_blocks:
-            self._prefix.popitem(last=False)
+            old, _ = self._prefix.popitem(last=False)
+            evicted.append(external_hash(old))
+        if events is not None and evicted:
+            events.append(BlockRemoved(evicted))
+
+    @staticmethod
+    def _stored(hashes: Sequence[bytes], start: int, end: int, prompt_ids: Sequence[int]) -> BlockStored:
+        # A run that starts past block 0 chains on the block before it, which is cached (a hit or stored
+        # earlier in this call), as vLLM's BlockStored names the parent of a run it stores.
+        parent = external_hash(hashes[start - 1]) if start else None
+        tokens = list(prompt_ids[start * BLOCK_TOKENS : end * BLOCK_TOKENS])
+        return BlockStored([external_hash(h) for h in hashes[start:end]], parent, tokens)
 
     def reset_prefix_cache(self) -> None:
         self._prefix.clear()
+        if self._events is not None:
+            self._events.append(AllBlocksCleared())
+
+    def take_events(self) -> list[KvEvent]:
+        """The events recorded since the last call (none with events off)."""
+        events = self._events
+        if not events:
+            return []
+        self._events = []
+        return events
 
     # ---- blocks held for a remote decode ----------------------------------------------------------------
 

@@ -17,7 +17,13 @@ from pathlib import Path
 from calroute.costmodel.profiles import get_profile
 from calroute.engines import vllm
 from calroute.engines.cluster import ClusterEngine, ClusterFile
-from calroute.engines.procs import free_ports, start_process_group, stop_process_group, wait_http_ready
+from calroute.engines.procs import (
+    free_port_run,
+    free_ports,
+    start_process_group,
+    stop_process_group,
+    wait_http_ready,
+)
 from calroute.errors import ConfigError
 from calroute.types import Role
 
@@ -61,7 +67,10 @@ def up_emulated(
     process_per_engine: bool = False,
     kv_lease_s: float = 30.0,
     timeout_s: float = 60.0,
+    kv_events: bool = False,
 ) -> LaunchedCluster:
+    """``kv_events``: every engine publishes vLLM's KV events on a loopback port of its own, written into the
+    cluster file (kv_events_endpoint) for the proxy to subscribe to."""
     roles = _roles(prefill, decode)
     hw = get_profile(profile)
     ports = free_ports(len(roles))
@@ -85,12 +94,19 @@ def up_emulated(
     if calibration is not None:
         base += ["--calibration", str(calibration)]
     groups = [[i] for i in range(len(roles))] if process_per_engine else [list(range(len(roles)))]
+    event_ports: dict[int, int] = {}
     procs = []
     try:
         for n, members in enumerate(groups):
             argv = list(base)
             for i in members:
                 argv += ["--engine", f"{roles[i][1].value}:{ports[i]}"]
+            if kv_events:
+                # One process's engines publish on consecutive ports (vLLM's offset per rank): a free run.
+                first = free_port_run(len(members))
+                event_ports.update({i: first + k for k, i in enumerate(members)})
+                config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{first}"}
+                argv += ["--kv-events-config", json.dumps(config)]
             log = log_dir / f"emulated-{n}.log"
             procs.append((start_process_group(argv, None, log), log))
         for i, (_, _) in enumerate(roles):
@@ -106,8 +122,14 @@ def up_emulated(
         model=model,
         max_model_len=hw.limits.max_model_len,
         engines=tuple(
-            ClusterEngine(name, role, f"http://127.0.0.1:{port}", hw.limits.kv_capacity_tokens)
-            for (name, role), port in zip(roles, ports, strict=True)
+            ClusterEngine(
+                name,
+                role,
+                f"http://127.0.0.1:{port}",
+                hw.limits.kv_capacity_tokens,
+                f"tcp://127.0.0.1:{event_ports[i]}" if i in event_ports else None,
+            )
+            for i, ((name, role), port) in enumerate(zip(roles, ports, strict=True))
         ),
         profile=profile if calibration is None else f"calibration:{calibration}",
         time_scale=time_scale,

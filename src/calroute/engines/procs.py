@@ -276,3 +276,13 @@ def free_ports(n: int, rng: random.Random | None = None) -> list[int]:
 def free_port() -> int:
     """One port as :func:`free_ports` chooses them (another process may still take it first)."""
     return free_ports(1)[0]
+
+
+def free_port_run(n: int) -> int:
+    """The first of ``n`` consecutive free ports (chosen as :func:`free_ports` chooses them): for a process
+    whose engines take a base port plus their index, as vLLM's KV-event publishers do per rank."""
+    for _ in range(50):
+        first = free_port()
+        if first + n - 1 <= 65535 and all(_bindable(p) for p in range(first + 1, first + n)):
+            return first
+    raise OSError(f"found no {n} consecutive free ports on 127.0.0.1")

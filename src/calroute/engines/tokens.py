@@ -9,6 +9,7 @@ prompt, never on the engine, the batch or the time.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Sequence
@@ -46,10 +47,16 @@ def _mix64(x: int, i: int) -> int:
     return x ^ (x >> 29)
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _piece_id(piece: str) -> int:
+    # Memoised: text repeats its pieces (words of at most four characters), and the proxy tokenizes every
+    # text prompt on its event loop to hash its blocks (proxy/generate.py).
+    return _FIRST_ID + _hash64(piece.encode()) % (VOCAB_SIZE - _FIRST_ID)
+
+
 def encode(text: str, add_bos: bool = True) -> list[int]:
     ids = [BOS_ID] if add_bos else []
-    for piece in _PIECE.findall(text):
-        ids.append(_FIRST_ID + _hash64(piece.encode()) % (VOCAB_SIZE - _FIRST_ID))
+    ids.extend(map(_piece_id, _PIECE.findall(text)))
     return ids
 
 

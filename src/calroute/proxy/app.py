@@ -13,6 +13,7 @@ from typing import IO, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from calroute.engines.kvcache import BLOCK_TOKENS
 from calroute.policies import make_policy
 from calroute.proxy import admin, surface
 from calroute.proxy.config import ENGINE_KEEPALIVE_S, ProxyConfig
@@ -21,6 +22,7 @@ from calroute.proxy.generate import Generation
 from calroute.proxy.http.client import Endpoint
 from calroute.proxy.http.messages import Request, Response, json_response
 from calroute.proxy.http.server import Limits, Server
+from calroute.proxy.kv_events import KvEventSubscriber, PreciseIndex
 from calroute.proxy.looplag import LoopLag
 from calroute.proxy.metrics import ProxyMetrics
 from calroute.proxy.prompt_length import PromptLength
@@ -46,6 +48,9 @@ class Proxy:
         self._t0 = time.monotonic()
         self.ledger = Ledger(cfg.cluster.instance_specs(), cfg.calibration)
         self.policy_params: dict[str, Any] = dict(cfg.policy_params)
+        # The prefix index is bounded by the engines' KV capacities (PrefixIndex), and keyed in the
+        # emulator's block size and hashes (generate.prompt_blocks).
+        self.prefix = PreciseIndex(cfg.cluster.instance_specs(), BLOCK_TOKENS) if cfg.prefix_index else None
         self.router = build_router(
             cfg.policy,
             cfg.policy_params,
@@ -57,6 +62,7 @@ class Proxy:
             online_calibration=cfg.online_calibration,
             # refits rebuild the policy routing then (switch_policy may have changed it)
             policy_factory=lambda cal: make_policy(self.policy_name, self.policy_params, cal),
+            prefix=self.prefix,
         )
         self._engine_headers = {"Authorization": f"Bearer {cfg.engine_api_key}"} if cfg.engine_api_key else {}
         self.signals = Signals(
@@ -91,6 +97,15 @@ class Proxy:
             self.now,
             cfg.policy,
         )
+        event_endpoints = {
+            e.id: e.kv_events_endpoint for e in cfg.cluster.engines if e.kv_events_endpoint is not None
+        }
+        self.kv_events = (
+            KvEventSubscriber(event_endpoints, self.prefix, self.metrics.registry, self.now)
+            if self.prefix is not None and event_endpoints
+            else None
+        )
+        self.generation.kv_events = self.kv_events
         self._log: IO[str] | None = None
         self._decision_stream: IO[str] | None = None
         self._server = Server(
@@ -159,6 +174,8 @@ class Proxy:
             self.router.on_decision = DecisionLog(self._decision_stream)
         if signals:
             self.signals.start()
+        if self.kv_events is not None:
+            self.kv_events.start()
         self._loop_lag.start()
         return await self._server.start(host, port)
 
@@ -166,6 +183,8 @@ class Proxy:
         """Stop listening, let requests under way finish (briefly), close engines' connections and logs."""
         await self._server.stop()
         await self.signals.stop()
+        if self.kv_events is not None:
+            await self.kv_events.stop()
         self._loop_lag.stop()
         for endpoint in self._endpoints.values():
             endpoint.close()

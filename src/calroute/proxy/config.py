@@ -57,6 +57,10 @@ class ProxyConfig:
     max_probe_bytes: int = MAX_PROBE_BYTES  # a /metrics or /health answer
     max_event_bytes: int = MAX_EVENT_BYTES  # one SSE event of a decode stream
     online_calibration: bool = False  # refit tau_pre / tau_dec from routed requests (costmodel/online.py)
+    # Match each prompt's blocks against a prefix index (docs/prefix.md): fed by an engine's KV events where
+    # the cluster file gives its kv_events_endpoint, by the router's own placements elsewhere (and while a
+    # stream is stale). Off: every prompt is priced as uncached.
+    prefix_index: bool = False
     admin_token: str | None = None  # from CALROUTE_ADMIN_TOKEN; None disables the admin endpoints
     engine_api_key: str | None = None  # from CALROUTE_ENGINE_API_KEY; sent to engines, never logged
     # ---- client limits (proxy/http/reader.py Limits; docs/proxy.md compares them with uvicorn's, Envoy's)

@@ -97,6 +97,12 @@ class Flight:
     forwarded: dict[str, str] = field(default_factory=dict)  # client headers on the allow-list
     oracle_tokens: int | None = None  # the true output length (ORACLE_HEADER): oracle studies only
     stream: Stream | None = None  # the client's event stream, once its head went out
+    # The prompt's blocks as the prefix index names them (empty without an index, or for a prompt the
+    # proxy cannot tokenize), the tokens the index expected the chosen prefill engine to hold, and what
+    # that engine said it served from its cache (kv_transfer_params.remote_prefill_cached_tokens).
+    prefix_blocks: list[int] = field(default_factory=list)
+    predicted_cached_tokens: int = 0
+    cached_tokens: int = 0
 
     def record(self, policy: str, status: RequestStatus, error: str | None) -> RequestRecord:
         return RequestRecord(
@@ -115,6 +121,7 @@ class Flight:
             last_token_s=self.last_token_s,
             status=status,
             error=error,
+            cached_tokens=self.cached_tokens,
         )
 
 
