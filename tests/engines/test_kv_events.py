@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from typing import Any
 
 import aiohttp
@@ -15,6 +14,7 @@ from calroute.engines.group import RunningEngine
 from calroute.engines.kv_events import KvEventsConfig, binds, engine_endpoint
 from calroute.engines.kvcache import BLOCK_TOKENS, AllBlocksCleared, BlockRemoved, BlockStored, KvCache
 from calroute.errors import ConfigError
+from calroute.routing import block_hash
 from calroute.types import Role
 from tests.engines.test_emulator import run_group
 
@@ -24,14 +24,8 @@ EVENTS = KvEventsConfig(
 
 
 def chain(ids: list[int]) -> list[int]:
-    """The emulator's block hashes, computed here from their definition: blake2b-128 chained over each full
-    block's 4-byte little-endian token ids, sent as the low 64 bits read big-endian."""
-    out, h = [], b""
-    for start in range(0, len(ids) - BLOCK_TOKENS + 1, BLOCK_TOKENS):
-        chunk = b"".join(t.to_bytes(4, "little") for t in ids[start : start + BLOCK_TOKENS])
-        h = hashlib.blake2b(h + chunk, digest_size=16).digest()
-        out.append(int.from_bytes(h[-8:], "big"))
-    return out
+    """The emulator's block hashes: routing/block_hash.py's chain over 16-token blocks (tested there)."""
+    return block_hash.block_hashes(ids, BLOCK_TOKENS)
 
 
 async def receive(sub: zmq.Socket[bytes], timeout_s: float = 5.0) -> list[bytes]:

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from calroute.engines import launch, tokens
 from calroute.engines.cluster import ClusterFile
-from calroute.engines.kvcache import prefix_block_ids
+from calroute.engines.kvcache import block_hashes as prefix_block_ids
 from calroute.proxy.generate import prompt_blocks
 from tests.engines.http import request
 from tests.proxy.harness import RunningProxy

@@ -132,7 +132,7 @@ def _chat_ids(body: dict[str, Any]) -> list[int]:
 
 def prompt_token_ids(body: dict[str, Any], chat: bool) -> list[int]:
     """The token ids the emulator prefills for this body (ApiError if it has no valid prompt): what the
-    proxy hashes to match the engines' prefix caches (kvcache.prefix_block_ids)."""
+    proxy hashes to match the engines' prefix caches (kvcache.block_hashes)."""
     return _chat_ids(body) if chat else _prompt_ids(body)
 
 

@@ -4,8 +4,8 @@ vLLM (vllm/distributed/kv_events.py, ZmqEventPublisher) sends each engine step's
 message of three frames: the topic, an 8-byte big-endian sequence number counting from 0, and a msgpack
 ``EventBatch``. docs/prefix.md ("KV events on the wire") has the layout and the vLLM commits it was read
 from. The emulator writes the array layout (msgspec ``array_like=True``, what vLLM's own example subscriber
-decodes), with block hashes as 64-bit integers (kvcache.external_hash: the emulator's blake2b chain, not
-vLLM's sha256, so an index fed by the emulator only matches prompts hashed by kvcache.prefix_block_ids).
+decodes), with block hashes as 64-bit integers (kvcache.block_hashes, routing/block_hash.py, not vLLM's
+sha256: an index fed by the emulator only matches prompts hashed by the same function).
 
 Sending happens on the engine's event loop: a PUB socket never blocks (past its high-water mark it drops,
 as vLLM's does), so no thread is needed.

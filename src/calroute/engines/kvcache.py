@@ -8,46 +8,25 @@ once per step and publishes them (engines/kv_events.py).
 
 from __future__ import annotations
 
-import hashlib
-import struct
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from calroute.routing.block_hash import block_hashes as chained_block_hashes
+
 BLOCK_TOKENS = 16
-_MASK64 = (1 << 64) - 1
 
 
 def blocks_for(tokens: int) -> int:
     return -(-tokens // BLOCK_TOKENS)
 
 
-def block_hashes(prompt_ids: Sequence[int]) -> list[bytes]:
-    """Chained hashes of the prompt's full blocks: block i's hash covers every token up to its end."""
-    n = len(prompt_ids) // BLOCK_TOKENS * BLOCK_TOKENS
-    # Every token as 4 little-endian bytes, packed once (the proxy hashes each prompt on its event loop).
-    data = struct.pack(f"<{n}I", *prompt_ids[:n])
-    step = 4 * BLOCK_TOKENS
-    blake2b = hashlib.blake2b
-    out = []
-    h = b""
-    for start in range(0, 4 * n, step):
-        h = blake2b(h + data[start : start + step], digest_size=16).digest()
-        out.append(h)
-    return out
-
-
-def external_hash(h: bytes) -> int:
-    """A block hash as it goes on the KV-events wire and into the router's prefix index: the low 64 bits of
-    the hash read big-endian, as vLLM turns its bytes hashes into ints (maybe_convert_block_hash). msgpack
-    carries integers of at most 64 bits, and the router's index keys blocks by int."""
-    return int.from_bytes(h, "big") & _MASK64
-
-
-def prefix_block_ids(prompt_ids: Sequence[int]) -> list[int]:
-    """The prompt's full blocks as the router's prefix index and the KV events name them. The proxy calls
-    this on the token ids the emulator hashes, so its index hits exactly where the engine's cache does."""
-    return [external_hash(h) for h in block_hashes(prompt_ids)]
+def block_hashes(prompt_ids: Sequence[int]) -> list[int]:
+    """Chained hashes of the prompt's full blocks (block i's covers every token up to its end), as 64-bit
+    ints: the emulator's cache keys, its KV events' block hashes, and the router's prefix-index keys. One
+    function (routing/block_hash.py) for all three, so the proxy's index hits exactly where the engine's
+    cache does."""
+    return chained_block_hashes(prompt_ids, BLOCK_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -93,7 +72,7 @@ class KvCache:
         # None: events off (the default), so an engine nobody subscribes to keeps no event list.
         self._events: list[KvEvent] | None = [] if record_events else None
         self.used_blocks = 0
-        self._prefix: OrderedDict[bytes, None] = OrderedDict()
+        self._prefix: OrderedDict[int, None] = OrderedDict()
         self.held: dict[str, HeldKv] = {}
         self._next_block_id = 0
 
@@ -117,7 +96,7 @@ class KvCache:
 
     # ---- prefix cache ---------------------------------------------------------------------------------
 
-    def cached_prefix_tokens(self, hashes: Sequence[bytes]) -> int:
+    def cached_prefix_tokens(self, hashes: Sequence[int]) -> int:
         hit = 0
         for h in hashes:
             if h not in self._prefix:
@@ -126,7 +105,7 @@ class KvCache:
             hit += 1
         return hit * BLOCK_TOKENS
 
-    def remember(self, hashes: Sequence[bytes], prompt_ids: Sequence[int] = ()) -> None:
+    def remember(self, hashes: Sequence[int], prompt_ids: Sequence[int] = ()) -> None:
         """Cache a finished prompt's full blocks (``prompt_ids``: its tokens, for the BlockStored events)."""
         events = self._events
         run_start = -1  # first block of the current run of newly cached blocks
@@ -145,17 +124,17 @@ class KvCache:
         evicted = []
         while len(self._prefix) > self.total_blocks:
             old, _ = self._prefix.popitem(last=False)
-            evicted.append(external_hash(old))
+            evicted.append(old)
         if events is not None and evicted:
             events.append(BlockRemoved(evicted))
 
     @staticmethod
-    def _stored(hashes: Sequence[bytes], start: int, end: int, prompt_ids: Sequence[int]) -> BlockStored:
+    def _stored(hashes: Sequence[int], start: int, end: int, prompt_ids: Sequence[int]) -> BlockStored:
         # A run that starts past block 0 chains on the block before it, which is cached (a hit or stored
         # earlier in this call), as vLLM's BlockStored names the parent of a run it stores.
-        parent = external_hash(hashes[start - 1]) if start else None
+        parent = hashes[start - 1] if start else None
         tokens = list(prompt_ids[start * BLOCK_TOKENS : end * BLOCK_TOKENS])
-        return BlockStored([external_hash(h) for h in hashes[start:end]], parent, tokens)
+        return BlockStored(list(hashes[start:end]), parent, tokens)
 
     def reset_prefix_cache(self) -> None:
         self._prefix.clear()

@@ -24,7 +24,7 @@ from typing import Any
 
 from calroute.engines import handoff
 from calroute.engines.api import ApiError, prompt_token_ids
-from calroute.engines.kvcache import prefix_block_ids
+from calroute.engines.kvcache import block_hashes
 from calroute.errors import NoCandidateError
 from calroute.proxy.config import SLOW_STEPS_PER_TOKEN, ProxyConfig
 from calroute.proxy.engine_client import EngineAnswer, EngineClient, UpstreamError
@@ -402,6 +402,6 @@ def prompt_blocks(body: dict[str, Any], chat: bool) -> list[int]:
     2 ms to tokenize an 8k-token text prompt (its pieces memoised) and 0.7 ms to hash its 512 blocks. A
     body the engine would refuse has no blocks: the engine's 400 is the answer, not a routing question."""
     try:
-        return prefix_block_ids(prompt_token_ids(body, chat))
+        return block_hashes(prompt_token_ids(body, chat))
     except ApiError:
         return []
