@@ -62,6 +62,8 @@ class Faults:
     huge_body: int | None = None  # a whole answer (prefill, JSON) of this size: HTTP 200, never valid JSON
     endless_event: int | None = None  # a stream: ``cut_after`` events (0 if None), then one with no end
     misframed: bool = False  # the body breaks off as unreadable framing (a stream: after ``cut_after``)
+    # A stream: ``cut_after`` events (0 if None), then these bytes (well framed HTTP, not SSE), then its end.
+    not_sse: bytes | None = None
     down: bool = False  # gone: every request and probe fails to connect
 
 
@@ -223,7 +225,7 @@ class FakeEngine:
             return whole(404, error_json(404, message, "NotFoundError"))
         if f.garbage:
             return whole(200, b"<html>not json</html>")
-        streamed_now = streamed and (f.endless_event is not None or f.misframed)
+        streamed_now = streamed and (f.endless_event is not None or f.misframed or f.not_sse is not None)
         if f.huge_body is not None and not streamed:
             return FakeAnswer(200, hostile(f.huge_body, b'{"id":"', False))
         if f.misframed and not streamed_now:
@@ -270,6 +272,9 @@ class FakeEngine:
                 if i == (f.cut_after or 0) and f.endless_event is not None:
                     async for part in hostile(f.endless_event, b"data: ", f.misframed):
                         yield part
+                    return
+                if i == (f.cut_after or 0) and f.not_sse is not None:
+                    yield f.not_sse
                     return
                 if i == (f.cut_after or 0) and f.misframed:
                     raise ProtocolError("framing", MISFRAMED)

@@ -272,9 +272,21 @@ class Generation:
         payload = await r.read(self.cfg.max_answer_bytes)
         now = self.now()
         try:
-            f.output_tokens = int(codec.loads(payload)["usage"]["completion_tokens"])
-        except (ValueError, KeyError, TypeError):
-            f.output_tokens = 0
+            out = codec.loads(payload)
+        except ValueError as e:
+            # Not the JSON the client asked for (an HTML page from a gateway, a half-written engine): never
+            # handed on; an engine failure like a 5xx, retried while the client has nothing yet.
+            raise EngineFailed(
+                f.decode_id or "", "decode", f"unreadable completion: {str(e)[:200]}", "unreadable"
+            ) from e
+        if not isinstance(out, dict):
+            raise EngineFailed(
+                f.decode_id or "", "decode", "unreadable completion: not an object", "unreadable"
+            )
+        try:
+            f.output_tokens = int(out["usage"]["completion_tokens"])
+        except (KeyError, TypeError, ValueError):
+            f.output_tokens = 0  # a completion without usage is still the answer
         # A JSON answer has no token timing: first and last token are the moment it arrives.
         f.first_token_s = f.last_token_s = now
         self.router.first_token(f.request_id, now)
@@ -311,9 +323,13 @@ class Generation:
             relay.attach(resp.transport, resp.chunked, r)
             try:
                 await r.relay(relay.piece)
-                tail = relay.pending  # an event the stream never ended goes out as it came
-                if not relay.started and not tail:
+                if relay.pending:
+                    # An event the stream never ended: an SSE client drops it, and it was never checked
+                    # (relay.py). The stream broke off: retried if it was all there was, else cut off.
+                    raise ProtocolError("unreadable", "the stream ended inside an event")
+                if not relay.started:
                     raise EngineFailed(f.decode_id or "", "decode", "empty response")
+                tail = b""
             except (UpstreamError, TimeoutError) as e:
                 if not relay.started:
                     raise  # nothing reached the client: the caller retries on another decode engine
