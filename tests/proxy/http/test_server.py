@@ -806,3 +806,30 @@ def test_a_half_closed_client_gets_its_answers(raw: bytes, statuses: list[int]) 
         assert [status for status, _, _ in got if status != 100] == statuses and wire.closing
         if statuses == [400]:
             assert "before its request was whole" in json.loads(got[0][2])["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("request_line", "continued"),
+    [
+        (b"GET /hang HTTP/1.1\r\nHost: x\r\n\r\n", True),
+        # RFC 9110 15.2: a server MUST NOT send a 1xx to an HTTP/1.0 client: it gets the answer, nothing more
+        # (and a client of its that leaves is found out only when the answer's write fails).
+        (b"GET /hang HTTP/1.0\r\n\r\n", False),
+    ],
+)
+def test_a_half_close_draws_one_unsolicited_100_from_http11_only(
+    request_line: bytes, continued: bool, run: Runner
+) -> None:
+    async def test(app: App, srv: Server, port: int) -> None:
+        async with connected(port, request_line) as (reader, writer):
+            writer.write_eof()  # the answer is under way (the handler waits) when the FIN comes
+            await asyncio.sleep(0.2)
+            app.release.set()
+            data = await asyncio.wait_for(reader.read(), 2.0)
+        version = request_line.split(b"\r\n")[0][-8:]
+        first = data.split(b"\r\n", 1)[0]
+        assert data.count(b" 100 Continue\r\n") == int(continued) and not app.cancelled.is_set()
+        assert first == (b"HTTP/1.1 100 Continue" if continued else b"HTTP/1.1 200 OK"), (version, data)
+        assert data.count(b"HTTP/1.1 200 OK") == 1 and data.endswith(b'{"released": true}')
+
+    run(test)
