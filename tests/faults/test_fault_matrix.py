@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from calroute.engines.cluster import ClusterFile
+from calroute.engines.faults import BAD_ANSWERS
 from calroute.engines.procs import stop_process_group
-from calroute.engines.server import BAD_ANSWERS
 from calroute.results.records import read_records
 from calroute.types import RequestStatus
 from tests.engines.http import metric, request, stream
