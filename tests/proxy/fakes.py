@@ -30,7 +30,8 @@ from calroute.engines.cluster import ClusterFile
 from calroute.proxy.app import Proxy
 from calroute.proxy.config import ProxyConfig
 from calroute.proxy.engine_client import EngineClient, ProtocolError, UpstreamError
-from calroute.proxy.http.client import check_head, read_at_most
+from calroute.proxy.http.answer import read_at_most
+from calroute.proxy.http.client import check_head
 from calroute.proxy.http.scrape import ScrapeError
 from calroute.proxy.signals import Probe
 from calroute.results.records import RequestRecord, read_records

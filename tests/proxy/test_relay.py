@@ -10,7 +10,7 @@ from typing import cast
 import pytest
 
 from calroute.proxy import relay as relay_module
-from calroute.proxy.http.client import EngineResponse, ProtocolError
+from calroute.proxy.http.answer import EngineResponse, ProtocolError
 from calroute.proxy.relay import StreamRelay
 
 ROLE = b'data: {"choices":[{"delta":{"role":"assistant"}}]}\n\n'

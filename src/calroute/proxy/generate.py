@@ -29,7 +29,8 @@ from calroute.proxy.engine_client import EngineAnswer, EngineClient, UpstreamErr
 from calroute.proxy.errors import ClientGone, EngineFailed, error_event, json_error
 from calroute.proxy.flight import Flight, Invalid, board
 from calroute.proxy.http import codec
-from calroute.proxy.http.client import ProtocolError, UnsafeRequest
+from calroute.proxy.http.answer import ProtocolError
+from calroute.proxy.http.client import UnsafeRequest
 from calroute.proxy.http.messages import Request, Response, Stream
 from calroute.proxy.metrics import ProxyMetrics
 from calroute.proxy.prompt_length import PromptLength

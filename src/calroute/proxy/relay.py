@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from calroute.proxy.config import MAX_EVENT_BYTES
 from calroute.proxy.engine_client import EngineAnswer
-from calroute.proxy.http.client import ProtocolError
+from calroute.proxy.http.answer import ProtocolError
 from calroute.proxy.http.framing import chunk
 from calroute.proxy.http.sse import scan, well_formed
 
