@@ -9,6 +9,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from calroute import aio
 from calroute.proxy.http import server as server_mod
@@ -833,3 +835,34 @@ def test_a_half_close_draws_one_unsolicited_100_from_http11_only(
         assert data.count(b"HTTP/1.1 200 OK") == 1 and data.endswith(b'{"released": true}')
 
     run(test)
+
+
+# Fragments of requests, and of what a hostile client puts in them.
+_FRAGMENTS = st.sampled_from(
+    [GET, POST, b"\r\n", b"\n", b"\r", b"Host: y\r\n", b"Content-Length: 3\r\n", b"Content-Length: -1\r\n",
+     b"Transfer-Encoding: chunked\r\n", b"3\r\nabc\r\n", b"0\r\n\r\n", b"0x36\r\n", b"X: a\x00b\r\n",
+     b" folded\r\n", b"GET /echo HTTP/1.0\r\n", b"Expect: 100-continue\r\n", b"abc", b"\x16\x03\x01"]
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    parts=st.lists(st.one_of(_FRAGMENTS, st.binary(max_size=12)), min_size=1, max_size=14),
+    step=st.integers(1, 40),
+    eof=st.booleans(),
+)
+def test_whatever_a_client_sends_it_gets_answers_in_order_and_never_a_5xx(
+    parts: list[bytes], step: int, eof: bool
+) -> None:
+    """Fuzzed request bytes, cut anywhere, with or without a half-close: the server never fails (no 500),
+    answers each request it read in order, at most one refusal and that one last (the connection then ends),
+    and hands on no request it refused."""
+    raw = b"".join(parts)
+    got, seen, wire = serve([raw[i : i + step] for i in range(0, len(raw), step)], eof=eof)
+    statuses = [status for status, _, _ in got if status != 100]
+    assert all(status in (200, 400, 404, 405, 408, 413, 431) for status in statuses), statuses
+    refusals = [i for i, status in enumerate(statuses) if status not in (200, 404, 405)]
+    assert refusals in ([], [len(statuses) - 1]), statuses
+    assert len(seen) == statuses.count(200)
+    if refusals:
+        assert wire.closing or wire.eof
