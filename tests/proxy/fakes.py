@@ -52,7 +52,7 @@ class Faults:
     stall: bool = False  # never answers (a stream: its head, then silence)
     empty: bool = False  # a stream's head, then its end with nothing in it
     cut_after: int | None = None  # a stream broken off after this many pieces
-    garbage: bool = False  # HTTP 200 with a body that is not JSON
+    garbage: bool = False  # HTTP 200 (or ``status``) with a body that is not JSON
     first_byte_s: float = 0.0  # the answer's (a stream: its first piece's) delay
     token_interval_s: float = 0.0  # between two pieces of a stream
     refuse_kv_pulls: bool = (
@@ -218,6 +218,8 @@ class FakeEngine:
 
     def _answer(self, sent: Sent, streamed: bool) -> FakeAnswer:
         f = self.faults
+        if f.status is not None and f.garbage:  # a refusal from a gateway in front of the engine
+            return whole(f.status, b"<html><body>%d</body></html>" % f.status)
         if f.status is not None:
             kind = "BadRequestError" if f.status < 500 else "InternalServerError"
             return whole(f.status, error_json(f.status, f"injected fault: HTTP {f.status}", kind))

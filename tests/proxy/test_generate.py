@@ -19,7 +19,7 @@ import pytest
 
 from calroute.aio import run
 from calroute.engines.handoff import PREFILL_KV_PARAMS
-from calroute.proxy.generate import ENGINES_FAILED, STREAM_BROKE
+from calroute.proxy.generate import ENGINE_REFUSED, ENGINES_FAILED, STREAM_BROKE
 from calroute.proxy.http.client import Endpoint
 from calroute.types import RequestStatus
 from tests.proxy.conftest import CAL
@@ -357,6 +357,30 @@ def test_an_engine_4xx_goes_back_to_the_client_unchanged_and_never_counts_agains
     assert all(healthy(p).values())
     assert p.metric("calroute_engine_errors_total") == 0 and p.metric("calroute_retries_total") == 0
     assert len(fakes.sent(rec.request_id)) == (1 if engine != "decode-0" else 2)  # no retry
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+@pytest.mark.parametrize("engine", ["prefill-0", "decode-0"])
+def test_an_engine_4xx_that_is_not_json_reaches_the_client_as_a_json_error(
+    engine: str, streamed: bool, tmp_path: Path
+) -> None:
+    """A refusal whose body is an HTML page (a gateway in front of the engine): the client gets the status
+    and a JSON error of the proxy's, never the page; still the client's error, not the engine's."""
+    fakes = FakeCluster(1, 1)
+    fakes[engine].faults = Faults(status=413, garbage=True)
+
+    async def go() -> ProxyOnFakes:
+        async with ProxyOnFakes(fakes, tmp_path) as p:
+            answer = await p.post(body(stream=streamed))  # a stream's head goes out only with a 200
+            assert answer.status == 413 and answer.headers["content-type"] == "application/json"
+            assert answer.json()["error"]["message"] == f"{ENGINE_REFUSED} (HTTP 413)"
+            assert b"html" not in answer.body
+        return p
+
+    p = run(go())
+    (rec,) = settled(p, 1)
+    assert rec.status is RequestStatus.REJECTED and (rec.error or "").startswith("HTTP 413: <html>")
+    assert all(healthy(p).values()) and p.metric("calroute_engine_errors_total") == 0
 
 
 # ---- one record per admitted request, with its terminal status -------------------------------------------

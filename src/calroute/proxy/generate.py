@@ -47,6 +47,7 @@ SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 ENGINES_FAILED = "the engines could not serve this request"
 STREAM_BROKE = "the decode engine broke off the stream"
 NOT_SENT = "the proxy could not send this request to an engine"
+ENGINE_REFUSED = "the engine refused this request"
 
 
 def _failed(engine_id: str, phase: str, e: BaseException) -> EngineFailed:
@@ -232,8 +233,16 @@ class Generation:
         return (kv if isinstance(kv, dict) and kv else None), None
 
     async def _client_error(self, f: Flight, status: int, payload: bytes) -> Response | Stream:
-        """An engine refused the request as malformed: the client's problem, not the engine's."""
+        """An engine refused the request as malformed: the client's problem, not the engine's. Its JSON
+        error goes back as it came; a refusal that is no JSON object (a gateway's HTML page in front of the
+        engine) is not handed on: the client gets the status with the proxy's own JSON error instead."""
         self._finish(f, RequestStatus.REJECTED, f"HTTP {status}: {payload[:200].decode(errors='replace')}")
+        try:
+            readable = isinstance(codec.loads(payload), dict)
+        except ValueError:
+            readable = False
+        if not readable:
+            return await self._error(f, status, f"{ENGINE_REFUSED} (HTTP {status})", "BadRequestError")
         return await self._error(f, status, "", "BadRequestError", payload)
 
     async def _decode(
