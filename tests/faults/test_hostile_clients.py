@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 import tracemalloc
+import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,10 +33,12 @@ import pytest
 from calroute.aio import run
 from calroute.engines import launch
 from calroute.engines.procs import free_port, start_process_group, stop_process_group, wait_http_ready
+from calroute.proxy.config import MAX_ANSWER_BYTES
+from calroute.proxy.generate import ENGINES_FAILED
 from calroute.proxy.http import server as server_mod
 from calroute.results.records import RequestRecord, read_records
 from calroute.types import RequestStatus
-from tests.proxy.fakes import FakeCluster, Faults, ProxyOnFakes, until
+from tests.proxy.fakes import FakeCluster, Faults, ProxyOnFakes, read_head, send, until
 
 pytestmark = pytest.mark.faults
 
@@ -91,6 +94,11 @@ class Target:
         """Descriptors the proxy may keep after a case that reached engines (its pooled connections)."""
         return 0
 
+    async def bad_decode(self, kind: str | None, stream: bool) -> None:
+        """Make the decode engine answer every request as the emulator's bad_answer fault ``kind`` says
+        (None: answer well again)."""
+        raise NotImplementedError
+
 
 class InProcess(Target):
     name = "inprocess"
@@ -110,6 +118,16 @@ class InProcess(Target):
     def let_go(self) -> bool:
         server = self.p.proxy._server
         return not server.connections and server.buffered_body_bytes == 0
+
+    async def bad_decode(self, kind: str | None, stream: bool) -> None:
+        # The fakes' versions of the emulator's bad answers (engines/faults.py), as large.
+        faults = {
+            None: Faults(first_byte_s=0.3),
+            "oversized": Faults(endless_event=4 * MIB) if stream else Faults(huge_body=32 * MIB),
+            "malformed": Faults(misframed=True),
+            "not_json": Faults(garbage=True),
+        }
+        self.p.fakes["decode-0"].faults = faults[kind]
 
 
 class Serve(Target):
@@ -153,6 +171,20 @@ class Serve(Target):
 
     def fd_slack(self) -> int:
         return 2  # one pooled connection per engine, closed after 4 s idle
+
+    async def bad_decode(self, kind: str | None, stream: bool) -> None:
+        assert self.engines is not None
+        url = f"{self.engines.file.decode[0].url}/_calroute/faults"
+        fault = {"bad_answer_rate": 0.0} if kind is None else {"bad_answer_rate": 1.0, "bad_answer": kind}
+        request = urllib.request.Request(
+            url, json.dumps(fault).encode(), {"Content-Type": "application/json"}
+        )
+
+        def post() -> None:
+            with urllib.request.urlopen(request, timeout=5.0) as r:
+                assert r.status == 200
+
+        await asyncio.to_thread(post)
 
 
 # ---- the clients --------------------------------------------------------------------------------------
@@ -347,11 +379,47 @@ async def refused_requests(t: Target) -> None:
     assert len(t.records()) == before  # never routed
 
 
+LEAKS = (b"decode-", b"prefill-", b"127.0.0.1", b"Error", b"Traceback", b"html", b"xxxx")
+
+
+async def bad_decode_engine(t: Target) -> None:
+    # One decode engine, answering every request badly (oversized, broken framing, neither JSON nor SSE):
+    # each attempt fails, so after the last the client gets the generic 502 (a stream whose head went out
+    # with the engine's 200: that error as an event, then [DONE]); no byte of the bad answers, nor which
+    # engine failed or how; each request one failed record.
+    body = {"model": "emulated", "prompt": "hi", "max_tokens": 4}
+    before = len(t.records())
+    try:
+        for kind in ("oversized", "malformed", "not_json"):
+            for stream in (False, True):
+                await t.bad_decode(kind, stream)
+                reader, writer = await send(
+                    t.port, "/v1/completions", json.dumps({**body, "stream": stream}).encode()
+                )
+                try:
+                    status, head = await asyncio.wait_for(read_head(reader), 20.0)
+                    rest = await asyncio.wait_for(reader.read(), 20.0)
+                finally:
+                    writer.close()
+                assert not any(word in rest for word in LEAKS), (kind, stream, rest[:300])
+                if stream and status == 200:
+                    assert b'"message": "%s"' % ENGINES_FAILED.encode() in rest and b"data: [DONE]" in rest
+                else:
+                    assert status == 502 and json.loads(rest)["error"]["message"] == ENGINES_FAILED, rest
+    finally:
+        await t.bad_decode(None, False)
+    records = t.records()[before:]
+    assert len(records) == 6 and all(r.status is RequestStatus.FAILED for r in records), records
+
+
 @dataclass(frozen=True)
 class Case:
     clients: Callable[[Target], Awaitable[None]]
     peak_mib: float = 16.0  # what the proxy may hold over its baseline while the case runs
     after_mib: float = 2.0  # and once it is over (tracemalloc in process; a subprocess's RSS: 4x)
+    # /health after it: 200, or 503 where the case leaves a pool without a healthy engine (the proxy answers
+    # either way; a probe brings the engine back within a second in `calroute serve`, none runs in process)
+    health: tuple[int, ...] = (200,)
 
 
 CASES = {
@@ -363,6 +431,10 @@ CASES = {
     # 200 MiB the bodies add up to; and it is let go without waiting for a garbage collection.
     "stalled_big_bodies_hold_bounded_memory_and_free_it": Case(stalled_big_bodies, BUFFER_CAP / MIB + 8),
     "a_half_closed_client_gets_its_answer_and_one_that_left_is_cancelled": Case(half_close),
+    # An answer read up to its cap (16 MiB) and dropped; an event up to its own (1 MiB).
+    "a_bad_decode_engine_costs_a_generic_502_and_bounded_memory": Case(
+        bad_decode_engine, MAX_ANSWER_BYTES / MIB + 8, health=(200, 503)
+    ),
 }
 
 
@@ -400,7 +472,7 @@ async def check(t: Target, case: Case) -> dict[str, int]:
         most = peak.stop()
     await until(t.let_go, 3.0)
     if before is None:
-        assert await health(t.port) == 200
+        assert await health(t.port) in case.health
         return {}
     fds0, mem0 = before
     slack = t.fd_slack()
@@ -410,7 +482,7 @@ async def check(t: Target, case: Case) -> dict[str, int]:
     await asyncio.sleep(0.1)
     after = t.held()
     assert after is not None
-    assert await health(t.port) == 200
+    assert await health(t.port) in case.health
     scale = 1 if isinstance(t, InProcess) else 4  # RSS keeps allocator pages a Python count does not
     figures = {"fds_before": fds0, "fds_after": after[0], "mem_before": mem0, "mem_peak": most}
     figures["mem_after"] = after[1]
