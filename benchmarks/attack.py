@@ -19,6 +19,8 @@ for ``--duration-s``, each a distinct 128-token prompt and 16 output tokens. The
    cap, or a chunked body whose first chunk size is no hex number, then a close. Neither sends a token, so
    the proxy must retry those requests on another decode engine: none may fail.
 
+The attacker and the bad engine are in benchmarks/hostile/ (clients.py, engine.py).
+
 Reported: the legitimate requests' p50/p99 TTFT in each phase and the ratio attack / baseline; the proxy's
 RSS (VmRSS, /proc/PID/status) idle, peak per phase, and after the attack; its open descriptors
 (/proc/PID/fd) likewise; the attacker's own counts (connections opened, closed by the proxy, answers by
@@ -35,18 +37,14 @@ Usage: python benchmarks/attack.py [--duration-s 60] [--rate 5] [--prefill 1 --d
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import os
-import random
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,237 +63,29 @@ from calroute.harness.loadgen import drive
 from calroute.results.records import RequestRecord, read_records
 from calroute.types import RequestSpec, RequestStatus, SloClass
 
-if __package__ in (None, ""):  # run as a script (python benchmarks/attack.py): the soak's helpers' package
+if __package__ in (None, ""):  # run as a script (python benchmarks/attack.py): the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.hostile.clients import (
+    GARBAGE_WORKERS,
+    LARGE_BODIES,
+    LARGE_BODY_BYTES,
+    SLOW_BODIES,
+    SLOW_HEADS,
+    attack,
+)
+from benchmarks.hostile.engine import (
+    BAD_ANSWER_KINDS,
+    BAD_ENGINE_RATE,
+    BAD_SWITCH_S,
+    BadEngine,
+    proxy_counters,
+)
 from benchmarks.soak import _rss_kb
 
-SLOW_HEADS = 300
-SLOW_BODIES = 100
-LARGE_BODIES = 25
-GARBAGE_WORKERS = 4
-GARBAGE_GAP_S = 0.1  # per worker: about 40 garbage heads a second in all
-TICK_S = 1.0  # a slow client's byte (slow body) or header line (slow head) every second
-LARGE_BODY_BYTES = 8 * 1024 * 1024 - 1024  # just under the proxy's 8 MiB body limit
-CHUNK_BYTES = 256 * 1024
-RECONNECT_GAP_S = 0.5  # after the proxy closed an attacking connection, before opening it again
 RAMP_S = 3.0  # the attack's connections are open before the attack phase's load starts
 SETTLE_S = 2.0  # after the attack, before the "after" figures
 SAMPLE_EVERY_S = 0.2
 PROMPT_TOKENS, OUTPUT_TOKENS = 128, 16
-BAD_ENGINE_RATE = 0.2  # the share of its generation requests the bad decode engine answers badly
-BAD_ANSWER_KINDS = ("oversized", "malformed")  # in turn
-BAD_SWITCH_S = 1.0
-
-
-# ---- the attacker (its own process: its work does not slow the load generator's loop) ---------------------
-
-
-class Tally:
-    def __init__(self) -> None:
-        self.counts: Counter[str] = Counter()
-
-    def add(self, kind: str, what: str) -> None:
-        self.counts[f"{kind}.{what}"] += 1
-
-
-async def _answer_or_close(reader: asyncio.StreamReader, wait_s: float) -> bytes | None:
-    """What the proxy sent within ``wait_s``: None if nothing (the connection is still open), b"" if it
-    closed the connection, else the bytes of its answer (read to the close, at most 64 KiB)."""
-    try:
-        first = await asyncio.wait_for(reader.read(65536), wait_s)
-    except TimeoutError:
-        return None
-    except ConnectionError:
-        return b""
-    if not first:
-        return b""
-    with contextlib.suppress(TimeoutError, ConnectionError):
-        first += await asyncio.wait_for(reader.read(65536), 1.0)
-    return first
-
-
-def _status(answer: bytes) -> str:
-    parts = answer.split(b" ", 2)
-    return parts[1].decode(errors="replace") if len(parts) > 1 and parts[0].startswith(b"HTTP/") else "other"
-
-
-async def _hold(
-    port: int, kind: str, head: bytes, first: bytes, tick: bytes | None, stop_at: float, tally: Tally
-) -> None:
-    """One attacking connection, opened again whenever the proxy closes it, until ``stop_at``: ``head``
-    and ``first`` sent at once, then ``tick`` every TICK_S (None: nothing more)."""
-    loop = asyncio.get_running_loop()
-    while loop.time() < stop_at:
-        try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 5.0)
-        except (OSError, TimeoutError):
-            tally.add(kind, "connect_failed")
-            await asyncio.sleep(RECONNECT_GAP_S)
-            continue
-        tally.add(kind, "opened")
-        try:
-            writer.write(head)
-            view = memoryview(first)
-            for at in range(0, len(view), CHUNK_BYTES):  # in pieces: no copy of a large body in the buffer
-                writer.write(view[at : at + CHUNK_BYTES])
-                await asyncio.wait_for(writer.drain(), max(0.1, stop_at - loop.time()))
-            while loop.time() < stop_at:
-                answer = await _answer_or_close(reader, min(TICK_S, max(0.01, stop_at - loop.time())))
-                if answer is not None:
-                    tally.add(kind, f"answered_{_status(answer)}" if answer else "closed_by_proxy")
-                    break
-                if tick is not None:
-                    writer.write(tick)
-                    await asyncio.wait_for(writer.drain(), max(0.1, stop_at - loop.time()))
-        except (ConnectionError, TimeoutError):
-            tally.add(kind, "closed_by_proxy")
-        finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(writer.wait_closed(), 1.0)
-        await asyncio.sleep(RECONNECT_GAP_S)
-
-
-def _garbage(rng: random.Random) -> bytes:
-    """One malformed request head. Those that parse go to a path that is no route: no record."""
-    choices: list[Callable[[], bytes]] = [
-        lambda: rng.randbytes(rng.randint(1, 600)),
-        lambda: b"POST /x HTTP/1.1\r\nHost: x\r\n" + rng.randbytes(200) + b"\r\n\r\n",
-        lambda: b"POST /x HTTP/1.1\r\nno colon here\r\n\r\n",
-        lambda: b"POST /x HTTP/1.1\r\nContent-Length: -5\r\n\r\n",
-        lambda: b"POST /x HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 7\r\n\r\n",
-        lambda: b"POST /x HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n",
-        lambda: b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
-        lambda: b"POST /x HTTP/1.1\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n",
-        lambda: b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\n\r\n",
-        lambda: b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + rng.randbytes(64),  # a TLS hello
-        lambda: b"\r\n" * 2000,
-        lambda: b"POST /x HTTP/9.9\r\nHost: \x00\x01\x02\r\n\r\n",
-    ]
-    return rng.choice(choices)()
-
-
-async def _garbage_worker(port: int, seed: int, stop_at: float, tally: Tally) -> None:
-    rng = random.Random(seed)
-    loop = asyncio.get_running_loop()
-    while loop.time() < stop_at:
-        try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 5.0)
-        except (OSError, TimeoutError):
-            tally.add("garbage", "connect_failed")
-            await asyncio.sleep(GARBAGE_GAP_S)
-            continue
-        tally.add("garbage", "sent")
-        try:
-            writer.write(_garbage(rng))
-            await asyncio.wait_for(writer.drain(), 2.0)
-            answer = await _answer_or_close(reader, 2.0)
-            tally.add(
-                "garbage",
-                "no_answer" if answer is None else f"answered_{_status(answer)}" if answer else "closed",
-            )
-        except (ConnectionError, TimeoutError):
-            tally.add("garbage", "closed")
-        finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(writer.wait_closed(), 1.0)
-        await asyncio.sleep(GARBAGE_GAP_S)
-
-
-async def attack(port: int, duration_s: float) -> dict[str, int]:
-    loop = asyncio.get_running_loop()
-    stop_at = loop.time() + duration_s
-    tally = Tally()
-    head = b"POST /v1/completions HTTP/1.1\r\nHost: calroute\r\nContent-Type: application/json\r\n"
-    big = b"x" * (LARGE_BODY_BYTES - 1)
-    tasks = [
-        *(
-            _hold(port, "slow_head", head, b"", b"X-Slow: %d\r\n" % i, stop_at, tally)
-            for i in range(SLOW_HEADS)
-        ),
-        *(
-            _hold(port, "slow_body", head + b"Content-Length: 1000000\r\n\r\n", b"{", b" ", stop_at, tally)
-            for _ in range(SLOW_BODIES)
-        ),
-        *(
-            _hold(
-                port,
-                "large_body",
-                head + b"Content-Length: %d\r\n\r\n" % LARGE_BODY_BYTES,
-                big,
-                None,
-                stop_at,
-                tally,
-            )
-            for _ in range(LARGE_BODIES)
-        ),
-        *(_garbage_worker(port, seed, stop_at, tally) for seed in range(GARBAGE_WORKERS)),
-    ]
-    await asyncio.gather(*tasks)
-    return dict(sorted(tally.counts.items()))
-
-
-# ---- the bad engine (the emulator's bad_answer fault, switched by a thread of the measuring side) -------
-
-
-def _faults(url: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(
-        f"{url}/_calroute/faults", data=data, headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=5.0) as r:
-        out: dict[str, Any] = json.loads(r.read())
-        return out
-
-
-class BadEngine(threading.Thread):
-    """Sets the bad_answer fault on one engine, its kind switched every BAD_SWITCH_S, until stopped; then
-    clears it and keeps the engine's count of injected answers by kind."""
-
-    def __init__(self, url: str) -> None:
-        super().__init__(daemon=True)
-        self.url = url
-        self.stop_event = threading.Event()
-        self.switches = 0
-        self.errors: list[str] = []
-        self.injected: dict[str, int] = {}
-
-    def run(self) -> None:
-        while True:
-            kind = BAD_ANSWER_KINDS[self.switches % len(BAD_ANSWER_KINDS)]
-            try:
-                _faults(self.url, {"bad_answer_rate": BAD_ENGINE_RATE, "bad_answer": kind})
-                self.switches += 1
-            except (OSError, ValueError) as e:
-                self.errors.append(f"{type(e).__name__}: {e}")
-            if self.stop_event.wait(BAD_SWITCH_S):
-                break
-        try:
-            state = _faults(self.url, {"bad_answer_rate": 0.0})
-            self.injected = {k: v for k, v in state["injected"]["bad_answer"].items() if v}
-        except (OSError, ValueError, KeyError) as e:
-            self.errors.append(f"{type(e).__name__}: {e}")
-
-    def stop(self) -> None:
-        self.stop_event.set()
-        self.join(timeout=15)
-
-
-def _proxy_counters(url: str) -> dict[str, Any]:
-    """The proxy's engine protocol errors and retries, from its /metrics (label sets as they come)."""
-    wanted = ("calroute_engine_protocol_errors_total", "calroute_retries_total")
-    out: dict[str, Any] = {}
-    try:
-        with urllib.request.urlopen(f"{url}/metrics", timeout=5.0) as r:
-            text = r.read().decode()
-    except OSError as e:
-        return {"error": f"{type(e).__name__}: {e}"}
-    for line in text.splitlines():
-        if line.startswith(wanted):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
 
 
 # ---- the measuring side ---------------------------------------------------------------------------------
@@ -439,7 +229,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         bad.start()
         attacked = _phase(url, specs, cluster.model, log)
         bad.stop()
-        counters = _proxy_counters(url)
+        counters = proxy_counters(url)
         with contextlib.suppress(Exception):
             attacker.wait(timeout=attack_s + 30)  # it ends by itself at its deadline
         sampler.phase = "after"

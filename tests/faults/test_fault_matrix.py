@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from calroute.engines.cluster import ClusterFile
+from calroute.engines.faults import BAD_ANSWERS
 from calroute.engines.procs import stop_process_group
 from calroute.results.records import read_records
 from calroute.types import RequestStatus
@@ -119,3 +120,37 @@ def test_under_concurrent_load_a_crash_loses_nothing(
     recs = one_record_each(p, 48)
     assert all(r.status in (RequestStatus.OK, RequestStatus.FAILED) for r in recs)
     assert sum(s == 200 for s in results) >= 40
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["json", "stream"])
+def test_every_bad_answer_of_an_emulated_engine_is_retried_on_another(
+    streamed: bool, cluster: ClusterFile, proxy_for: Callable[..., RunningProxy]
+) -> None:
+    """The emulator's bad_answer fault over real sockets, each kind in turn (oversized, malformed framing,
+    a 200 that is neither JSON nor SSE): every request still gets its whole answer, from the other decode
+    engine, and the client never reads a byte of the bad ones."""
+    p = proxy_for(cluster, policy="round_robin", **FAST)
+    bad = cluster.decode[0]
+    before = request(f"{bad.url}/_calroute/faults")[1]["injected"]["bad_answer"]  # the cluster is shared
+    try:
+        for kind in BAD_ANSWERS:
+            state = request(f"{bad.url}/_calroute/faults", {"bad_answer_rate": 1.0, "bad_answer": kind})[1]
+            assert state["bad_answer"] == kind
+            for _ in range(2):  # round robin: one of the two meets the bad engine, once a probe took it back
+                wait_for(lambda: p.proxy.signals.healthy[bad.id], 5.0)
+                if streamed:
+                    status, events = stream(f"{p.url}/v1/completions", body(stream=True))
+                    assert status == 200 and events[-1] == "[DONE]" and len(events) == 9, (kind, events)
+                    assert not any("error" in e for e in events[:-1]), (kind, events)
+                else:
+                    status, out = request(f"{p.url}/v1/completions", body())
+                    assert status == 200 and out["usage"]["completion_tokens"] == 8, (kind, out)
+    finally:
+        state = request(f"{bad.url}/_calroute/faults", {"bad_answer_rate": 0.0})[1]
+    injected = {k: n - before[k] for k, n in state["injected"]["bad_answer"].items()}
+    assert all(injected[kind] >= 1 for kind in BAD_ANSWERS), injected  # each kind was met
+    recs = records(p)
+    assert len(recs) == 2 * len(BAD_ANSWERS) and all(r.status is RequestStatus.OK for r in recs)
+    assert all(r.decode_id != bad.id for r in recs)
+    # Each an engine failure (a JSON answer cut short by a close is one too, but not a protocol error).
+    assert metric(p.url, "calroute_engine_errors_total") == sum(injected.values())

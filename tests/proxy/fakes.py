@@ -30,7 +30,8 @@ from calroute.engines.cluster import ClusterFile
 from calroute.proxy.app import Proxy
 from calroute.proxy.config import ProxyConfig
 from calroute.proxy.engine_client import EngineClient, ProtocolError, UpstreamError
-from calroute.proxy.http.client import check_head, read_at_most
+from calroute.proxy.http.answer import read_at_most
+from calroute.proxy.http.client import check_head
 from calroute.proxy.http.scrape import ScrapeError
 from calroute.proxy.signals import Probe
 from calroute.results.records import RequestRecord, read_records
@@ -51,7 +52,7 @@ class Faults:
     stall: bool = False  # never answers (a stream: its head, then silence)
     empty: bool = False  # a stream's head, then its end with nothing in it
     cut_after: int | None = None  # a stream broken off after this many pieces
-    garbage: bool = False  # HTTP 200 with a body that is not JSON
+    garbage: bool = False  # HTTP 200 (or ``status``) with a body that is not JSON
     first_byte_s: float = 0.0  # the answer's (a stream: its first piece's) delay
     token_interval_s: float = 0.0  # between two pieces of a stream
     refuse_kv_pulls: bool = (
@@ -62,6 +63,8 @@ class Faults:
     huge_body: int | None = None  # a whole answer (prefill, JSON) of this size: HTTP 200, never valid JSON
     endless_event: int | None = None  # a stream: ``cut_after`` events (0 if None), then one with no end
     misframed: bool = False  # the body breaks off as unreadable framing (a stream: after ``cut_after``)
+    # A stream: ``cut_after`` events (0 if None), then these bytes (well framed HTTP, not SSE), then its end.
+    not_sse: bytes | None = None
     down: bool = False  # gone: every request and probe fails to connect
 
 
@@ -215,6 +218,8 @@ class FakeEngine:
 
     def _answer(self, sent: Sent, streamed: bool) -> FakeAnswer:
         f = self.faults
+        if f.status is not None and f.garbage:  # a refusal from a gateway in front of the engine
+            return whole(f.status, b"<html><body>%d</body></html>" % f.status)
         if f.status is not None:
             kind = "BadRequestError" if f.status < 500 else "InternalServerError"
             return whole(f.status, error_json(f.status, f"injected fault: HTTP {f.status}", kind))
@@ -223,7 +228,7 @@ class FakeEngine:
             return whole(404, error_json(404, message, "NotFoundError"))
         if f.garbage:
             return whole(200, b"<html>not json</html>")
-        streamed_now = streamed and (f.endless_event is not None or f.misframed)
+        streamed_now = streamed and (f.endless_event is not None or f.misframed or f.not_sse is not None)
         if f.huge_body is not None and not streamed:
             return FakeAnswer(200, hostile(f.huge_body, b'{"id":"', False))
         if f.misframed and not streamed_now:
@@ -270,6 +275,9 @@ class FakeEngine:
                 if i == (f.cut_after or 0) and f.endless_event is not None:
                     async for part in hostile(f.endless_event, b"data: ", f.misframed):
                         yield part
+                    return
+                if i == (f.cut_after or 0) and f.not_sse is not None:
+                    yield f.not_sse
                     return
                 if i == (f.cut_after or 0) and f.misframed:
                     raise ProtocolError("framing", MISFRAMED)

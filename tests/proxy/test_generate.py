@@ -19,7 +19,7 @@ import pytest
 
 from calroute.aio import run
 from calroute.engines.handoff import PREFILL_KV_PARAMS
-from calroute.proxy.generate import ENGINES_FAILED, STREAM_BROKE
+from calroute.proxy.generate import ENGINE_REFUSED, ENGINES_FAILED, STREAM_BROKE
 from calroute.proxy.http.client import Endpoint
 from calroute.types import RequestStatus
 from tests.proxy.conftest import CAL
@@ -359,6 +359,30 @@ def test_an_engine_4xx_goes_back_to_the_client_unchanged_and_never_counts_agains
     assert len(fakes.sent(rec.request_id)) == (1 if engine != "decode-0" else 2)  # no retry
 
 
+@pytest.mark.parametrize("streamed", [False, True])
+@pytest.mark.parametrize("engine", ["prefill-0", "decode-0"])
+def test_an_engine_4xx_that_is_not_json_reaches_the_client_as_a_json_error(
+    engine: str, streamed: bool, tmp_path: Path
+) -> None:
+    """A refusal whose body is an HTML page (a gateway in front of the engine): the client gets the status
+    and a JSON error of the proxy's, never the page; still the client's error, not the engine's."""
+    fakes = FakeCluster(1, 1)
+    fakes[engine].faults = Faults(status=413, garbage=True)
+
+    async def go() -> ProxyOnFakes:
+        async with ProxyOnFakes(fakes, tmp_path) as p:
+            answer = await p.post(body(stream=streamed))  # a stream's head goes out only with a 200
+            assert answer.status == 413 and answer.headers["content-type"] == "application/json"
+            assert answer.json()["error"]["message"] == f"{ENGINE_REFUSED} (HTTP 413)"
+            assert b"html" not in answer.body
+        return p
+
+    p = run(go())
+    (rec,) = settled(p, 1)
+    assert rec.status is RequestStatus.REJECTED and (rec.error or "").startswith("HTTP 413: <html>")
+    assert all(healthy(p).values()) and p.metric("calroute_engine_errors_total") == 0
+
+
 # ---- one record per admitted request, with its terminal status -------------------------------------------
 
 
@@ -631,6 +655,7 @@ def test_the_usage_chunk_reaches_the_client_only_when_asked_for(
 CAP = 256 * 1024  # the caps these tests run with (an answer, an event), so that going over them is quick
 CAPS: dict[str, Any] = {"max_answer_bytes": CAP, "max_event_bytes": CAP}
 HUGE = 16 * CAP  # what a hostile engine sends: 4 MiB
+NOT_SSE = b"<html>\n\n<body>502 Bad Gateway</body>\n\n</html>\n"
 HOSTILE = [
     # (engine, its fault, streamed, the protocol error's kind)
     pytest.param("prefill-0", Faults(huge_body=HUGE), False, "too_large", id="prefill-too-large"),
@@ -641,6 +666,12 @@ HOSTILE = [
     pytest.param("decode-0", Faults(misframed=True), False, "framing", id="json-misframed"),
     pytest.param("decode-0", Faults(misframed=True), True, "framing", id="stream-misframed"),
     pytest.param("prefill-0", Faults(garbage=True), False, "unreadable", id="prefill-not-json"),
+    # A 200 whose body is not what was asked for: not JSON, not SSE (an HTML page, as from a gateway in
+    # front of the engine; the emulator's bad_answer not_json), or SSE-looking blocks that are no events.
+    pytest.param("decode-0", Faults(garbage=True), False, "unreadable", id="json-not-json"),
+    pytest.param("decode-0", Faults(garbage=True), True, "unreadable", id="stream-not-sse"),
+    pytest.param("decode-0", Faults(not_sse=NOT_SSE), True, "unreadable", id="stream-bad-events"),
+    pytest.param("decode-0", Faults(not_sse=b'data: {"id"'), True, "unreadable", id="stream-unended-event"),
     pytest.param("prefill-0", Faults(status=307), False, "status", id="prefill-redirects"),
     pytest.param("decode-0", Faults(status=302), True, "status", id="decode-redirects-stream"),
 ]
@@ -719,6 +750,31 @@ def test_when_every_engine_is_hostile_the_client_gets_a_generic_502_and_the_reco
     assert rec.status is RequestStatus.FAILED and rec.error is not None
     assert rec.error.startswith(f"{engine.split('-')[0]} engine {engine}: ")
     assert p.metric("calroute_engine_protocol_errors_total", engine=engine, kind=kind) == 3  # every attempt
+
+
+@pytest.mark.parametrize("bad", [NOT_SSE, b'data: {"id"'], ids=["not-sse", "unended-event"])
+def test_a_stream_that_turns_unreadable_after_output_is_cut_off_cleanly(bad: bytes, tmp_path: Path) -> None:
+    """Three tokens went out, then blocks that are no SSE events (or an event the stream never ends): the
+    client gets the tokens, an error event and [DONE], never the bad bytes; the record says why."""
+    fakes = FakeCluster(1, 2)
+    fakes["decode-0"].faults = Faults(not_sse=bad, cut_after=3)
+
+    async def go() -> ProxyOnFakes:
+        async with ProxyOnFakes(fakes, tmp_path, policy="round_robin", **FAST) as p:
+            answer = await p.post(body(max_tokens=20, stream=True))
+            assert answer.status == 200
+            events = answer.events()
+            assert [e["choices"][0]["text"] for e in events[:3]] == [token(0), token(1), token(2)]
+            assert events[3]["error"]["message"] == STREAM_BROKE and events[4:] == ["[DONE]"]
+            assert answer.body.count(b"data: ") == 5 and b"html" not in answer.body  # nothing of ``bad``
+        return p
+
+    p = run(go())
+    (rec,) = settled(p, 1)
+    assert rec.status is RequestStatus.FAILED and rec.decode_id == "decode-0"
+    assert "decode engine decode-0 broke off the stream: ProtocolError: " in (rec.error or "")
+    assert p.metric("calroute_engine_protocol_errors_total", engine="decode-0", kind="unreadable") == 1
+    assert p.metric("calroute_retries_total") == 0 and not healthy(p)["decode-0"]
 
 
 def test_a_stream_over_its_event_cap_after_output_is_cut_off_cleanly(tmp_path: Path) -> None:

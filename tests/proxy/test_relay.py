@@ -8,9 +8,12 @@ import time
 from typing import cast
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from calroute.proxy import relay as relay_module
-from calroute.proxy.http.client import EngineResponse, ProtocolError
+from calroute.proxy.http.answer import EngineResponse, ProtocolError
+from calroute.proxy.http.sse import well_formed
 from calroute.proxy.relay import StreamRelay
 
 ROLE = b'data: {"choices":[{"delta":{"role":"assistant"}}]}\n\n'
@@ -177,11 +180,43 @@ def test_a_40_mib_event_without_end_costs_linear_time() -> None:
     relay.max_event_bytes = 64 * 1024 * 1024
     piece = b"x" * (64 * 1024)
     started = time.process_time()
-    assert relay.piece(b"data: ")
+    assert relay.piece(b'data: {"pad":"')
     for _ in range(640):
         assert relay.piece(piece)
     assert client.sent == []
-    assert relay.piece(b"\n\n")
+    assert relay.piece(b'"}\n\n')
     took_s = time.process_time() - started
-    assert len(unchunk(client.sent)) == 6 + 640 * len(piece) + 2
+    assert len(unchunk(client.sent)) == 14 + 640 * len(piece) + 4
     assert took_s < 2.0, took_s
+
+
+# Pieces an engine may send: good events, and bytes that are none (HTML, bare data, lone line breaks, NUL).
+_PIECES = st.lists(
+    st.one_of(
+        st.sampled_from(
+            [ROLE, TOKEN, USAGE, DONE, b": ping\n\n", b"<html>", b"\n", b"\n\n", b"data: ", b"{}"]
+        ),
+        st.binary(max_size=40),
+    ),
+    max_size=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(pieces=_PIECES, cuts=st.lists(st.integers(1, 30), max_size=12))
+def test_whatever_an_engine_sends_the_client_gets_only_sse_events_of_json(
+    pieces: list[bytes], cuts: list[int]
+) -> None:
+    """Fuzzed engine bytes, cut anywhere: the relay either stops with a ProtocolError or hands on well-formed
+    events, and what it held back at the end is never sent (the stream then broke off, generate.py)."""
+    stream = b"".join(pieces)
+    relay, client, _, _ = make(keep_usage=True, chunked=False)
+    at = 0
+    try:
+        for n in [*cuts, len(stream)]:
+            relay.piece(stream[at : at + n])
+            at += n
+    except ProtocolError as e:
+        assert e.kind == "unreadable"
+    sent = b"".join(client.sent)
+    assert well_formed(sent) or sent == b"", sent

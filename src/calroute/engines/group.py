@@ -19,9 +19,10 @@ from aiohttp import web
 
 from calroute.costmodel.profiles import HardwareProfile
 from calroute.engines.core import EngineCore
+from calroute.engines.faults import Faults
 from calroute.engines.kv_events import KvEventsConfig, ZmqPublisher, binds, engine_endpoint
 from calroute.engines.request import PullFailed
-from calroute.engines.server import EngineServer, Faults
+from calroute.engines.server import EngineServer
 from calroute.types import Role
 
 logger = logging.getLogger(__name__)

@@ -1,9 +1,9 @@
 """What generation needs from an engine connection, as a Protocol: send a request to an engine, and get an
 answer to read whole, piece by piece, or relay from a callback.
 
-The proxy's own HTTP/1.1 client (http/client.py: Endpoint, EngineResponse) is the implementation that
-serves; tests put in-memory fake engines behind the same protocol (tests/proxy/fakes.py), so that the
-decisions, the handoff, retries and failover can be tested without engine processes or sockets.
+The proxy's own HTTP/1.1 client (http/client.py Endpoint, http/answer.py EngineResponse) is the
+implementation that serves; tests put in-memory fake engines behind the same protocol (tests/proxy/fakes.py),
+so that the decisions, the handoff, retries and failover can be tested without engine processes or sockets.
 
 Failures, as the real client reports them: UpstreamError when the engine cannot be reached or breaks the
 exchange off, and its ProtocolError when the answer is not HTTP the client reads or is over its cap;
@@ -17,7 +17,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Protocol, Self
 
-from calroute.proxy.http.client import ProtocolError, UnsafeRequest, UpstreamError
+from calroute.proxy.http.answer import ProtocolError, UpstreamError
+from calroute.proxy.http.client import UnsafeRequest
 
 __all__ = ["EngineAnswer", "EngineClient", "ProtocolError", "UnsafeRequest", "UpstreamError"]
 

@@ -31,7 +31,8 @@ from calroute.proxy.engine_client import EngineAnswer, EngineClient, UpstreamErr
 from calroute.proxy.errors import ClientGone, EngineFailed, error_event, json_error
 from calroute.proxy.flight import Flight, Invalid, board
 from calroute.proxy.http import codec
-from calroute.proxy.http.client import ProtocolError, UnsafeRequest
+from calroute.proxy.http.answer import ProtocolError
+from calroute.proxy.http.client import UnsafeRequest
 from calroute.proxy.http.messages import Request, Response, Stream
 from calroute.proxy.kv_events import KvEventSubscriber
 from calroute.proxy.metrics import ProxyMetrics
@@ -49,6 +50,7 @@ SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 ENGINES_FAILED = "the engines could not serve this request"
 STREAM_BROKE = "the decode engine broke off the stream"
 NOT_SENT = "the proxy could not send this request to an engine"
+ENGINE_REFUSED = "the engine refused this request"
 
 
 def _failed(engine_id: str, phase: str, e: BaseException) -> EngineFailed:
@@ -253,8 +255,16 @@ class Generation:
         return (kv if isinstance(kv, dict) and kv else None), None
 
     async def _client_error(self, f: Flight, status: int, payload: bytes) -> Response | Stream:
-        """An engine refused the request as malformed: the client's problem, not the engine's."""
+        """An engine refused the request as malformed: the client's problem, not the engine's. Its JSON
+        error goes back as it came; a refusal that is no JSON object (a gateway's HTML page in front of the
+        engine) is not handed on: the client gets the status with the proxy's own JSON error instead."""
         self._finish(f, RequestStatus.REJECTED, f"HTTP {status}: {payload[:200].decode(errors='replace')}")
+        try:
+            readable = isinstance(codec.loads(payload), dict)
+        except ValueError:
+            readable = False
+        if not readable:
+            return await self._error(f, status, f"{ENGINE_REFUSED} (HTTP {status})", "BadRequestError")
         return await self._error(f, status, "", "BadRequestError", payload)
 
     async def _decode(
@@ -294,9 +304,21 @@ class Generation:
         payload = await r.read(self.cfg.max_answer_bytes)
         now = self.now()
         try:
-            f.output_tokens = int(codec.loads(payload)["usage"]["completion_tokens"])
-        except (ValueError, KeyError, TypeError):
-            f.output_tokens = 0
+            out = codec.loads(payload)
+        except ValueError as e:
+            # Not the JSON the client asked for (an HTML page from a gateway, a half-written engine): never
+            # handed on; an engine failure like a 5xx, retried while the client has nothing yet.
+            raise EngineFailed(
+                f.decode_id or "", "decode", f"unreadable completion: {str(e)[:200]}", "unreadable"
+            ) from e
+        if not isinstance(out, dict):
+            raise EngineFailed(
+                f.decode_id or "", "decode", "unreadable completion: not an object", "unreadable"
+            )
+        try:
+            f.output_tokens = int(out["usage"]["completion_tokens"])
+        except (KeyError, TypeError, ValueError):
+            f.output_tokens = 0  # a completion without usage is still the answer
         # A JSON answer has no token timing: first and last token are the moment it arrives.
         f.first_token_s = f.last_token_s = now
         self.router.first_token(f.request_id, now)
@@ -333,9 +355,13 @@ class Generation:
             relay.attach(resp.transport, resp.chunked, r)
             try:
                 await r.relay(relay.piece)
-                tail = relay.pending  # an event the stream never ended goes out as it came
-                if not relay.started and not tail:
+                if relay.pending:
+                    # An event the stream never ended: an SSE client drops it, and it was never checked
+                    # (relay.py). The stream broke off: retried if it was all there was, else cut off.
+                    raise ProtocolError("unreadable", "the stream ended inside an event")
+                if not relay.started:
                     raise EngineFailed(f.decode_id or "", "decode", "empty response")
+                tail = b""
             except (UpstreamError, TimeoutError) as e:
                 if not relay.started:
                     raise  # nothing reached the client: the caller retries on another decode engine

@@ -9,7 +9,9 @@ than the engine writes pauses the engine connection.
 The engine is not trusted with the relay's memory or CPU: an event cut across reads waits as the list of its
 pieces (joined once, when its end comes), only each new piece is searched for an event's end, and an event
 longer than ``max_event_bytes`` ends the relay with a ProtocolError ("event_too_large"): what waits is never
-more than the cap and one read, and the cost is linear in the bytes however the engine splits them.
+more than the cap and one read, and the cost is linear in the bytes however the engine splits them. Nor with
+the client: bytes that are not SSE events of JSON (sse.well_formed) end the relay with a ProtocolError
+("unreadable") before they are sent on, and so does a stream that ends inside an event.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ from collections.abc import Callable
 
 from calroute.proxy.config import MAX_EVENT_BYTES
 from calroute.proxy.engine_client import EngineAnswer
-from calroute.proxy.http.client import ProtocolError
+from calroute.proxy.http.answer import ProtocolError
 from calroute.proxy.http.framing import chunk
-from calroute.proxy.http.sse import scan
+from calroute.proxy.http.sse import scan, well_formed
 
 CLIENT_BUFFER_BYTES = 256 * 1024  # unsent bytes to a slow client before the engine is paused
 CLIENT_CHECK_S = 0.01  # how often a paused relay looks whether the client caught up
@@ -48,7 +50,7 @@ class StreamRelay:
         self.client_gone = False
         # Events went to the client: from then on a failure is no longer retried elsewhere.
         self.started = False
-        # An event cut across reads, as its pieces (what is left at the end goes out as is), and their size.
+        # An event cut across reads, as its pieces, and their size.
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self._transport: asyncio.Transport | None = None
@@ -57,7 +59,7 @@ class StreamRelay:
 
     @property
     def pending(self) -> bytes:
-        """What waits for its event's end (what is left at the end of the stream goes out as is)."""
+        """What waits for its event's end (left at the end of the stream: an event the engine never ended)."""
         return b"".join(self._pending)
 
     def drop_pending(self) -> None:
@@ -87,7 +89,8 @@ class StreamRelay:
 
     def events(self, piece: bytes) -> bytes:
         """The complete events so far, as the client gets them; the rest waits for the next piece.
-        ProtocolError ("event_too_large") for an event over the cap."""
+        ProtocolError: "event_too_large" for an event over the cap, "unreadable" for bytes that are not
+        the events of a decode stream (sse.well_formed)."""
         if not piece:
             return b""
         cut = piece.rfind(b"\n\n") + 2  # only the new bytes are searched
@@ -106,6 +109,8 @@ class StreamRelay:
             self._hold(piece[cut:])
         if len(events) > self.max_event_bytes:
             self._check_each(events)
+        if not well_formed(events):
+            raise ProtocolError("unreadable", f"not an SSE stream of JSON events: {events[:60]!r}")
         seen = scan(events, self.keep_usage)
         if seen.content:
             now = self._now()

@@ -9,6 +9,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from calroute import aio
 from calroute.proxy.http import server as server_mod
@@ -806,3 +808,61 @@ def test_a_half_closed_client_gets_its_answers(raw: bytes, statuses: list[int]) 
         assert [status for status, _, _ in got if status != 100] == statuses and wire.closing
         if statuses == [400]:
             assert "before its request was whole" in json.loads(got[0][2])["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("request_line", "continued"),
+    [
+        (b"GET /hang HTTP/1.1\r\nHost: x\r\n\r\n", True),
+        # RFC 9110 15.2: a server MUST NOT send a 1xx to an HTTP/1.0 client: it gets the answer, nothing more
+        # (and a client of its that leaves is found out only when the answer's write fails).
+        (b"GET /hang HTTP/1.0\r\n\r\n", False),
+    ],
+)
+def test_a_half_close_draws_one_unsolicited_100_from_http11_only(
+    request_line: bytes, continued: bool, run: Runner
+) -> None:
+    async def test(app: App, srv: Server, port: int) -> None:
+        async with connected(port, request_line) as (reader, writer):
+            writer.write_eof()  # the answer is under way (the handler waits) when the FIN comes
+            await asyncio.sleep(0.2)
+            app.release.set()
+            data = await asyncio.wait_for(reader.read(), 2.0)
+        version = request_line.split(b"\r\n")[0][-8:]
+        first = data.split(b"\r\n", 1)[0]
+        assert data.count(b" 100 Continue\r\n") == int(continued) and not app.cancelled.is_set()
+        assert first == (b"HTTP/1.1 100 Continue" if continued else b"HTTP/1.1 200 OK"), (version, data)
+        assert data.count(b"HTTP/1.1 200 OK") == 1 and data.endswith(b'{"released": true}')
+
+    run(test)
+
+
+# Fragments of requests, and of what a hostile client puts in them.
+_FRAGMENTS = st.sampled_from(
+    [GET, POST, b"\r\n", b"\n", b"\r", b"Host: y\r\n", b"Content-Length: 3\r\n", b"Content-Length: -1\r\n",
+     b"Transfer-Encoding: chunked\r\n", b"3\r\nabc\r\n", b"0\r\n\r\n", b"0x36\r\n", b"X: a\x00b\r\n",
+     b" folded\r\n", b"GET /echo HTTP/1.0\r\n", b"Expect: 100-continue\r\n", b"abc", b"\x16\x03\x01"]
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    parts=st.lists(st.one_of(_FRAGMENTS, st.binary(max_size=12)), min_size=1, max_size=14),
+    step=st.integers(1, 40),
+    eof=st.booleans(),
+)
+def test_whatever_a_client_sends_it_gets_answers_in_order_and_never_a_5xx(
+    parts: list[bytes], step: int, eof: bool
+) -> None:
+    """Fuzzed request bytes, cut anywhere, with or without a half-close: the server never fails (no 500),
+    answers each request it read in order, at most one refusal and that one last (the connection then ends),
+    and hands on no request it refused."""
+    raw = b"".join(parts)
+    got, seen, wire = serve([raw[i : i + step] for i in range(0, len(raw), step)], eof=eof)
+    statuses = [status for status, _, _ in got if status != 100]
+    assert all(status in (200, 400, 404, 405, 408, 413, 431) for status in statuses), statuses
+    refusals = [i for i, status in enumerate(statuses) if status not in (200, 404, 405)]
+    assert refusals in ([], [len(statuses) - 1]), statuses
+    assert len(seen) == statuses.count(200)
+    if refusals:
+        assert wire.closing or wire.eof

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from calroute.proxy.http.sse import ABORT_ERROR, MAX_ERROR_BYTES, scan
+from calroute.proxy.http.sse import ABORT_ERROR, MAX_ERROR_BYTES, scan, well_formed
 
 COMPACT = {"separators": (",", ":")}  # as vLLM writes
 SPACED: dict[str, Any] = {}  # as Python's json.dumps writes by default: ", " and ": "
@@ -80,3 +80,23 @@ def test_a_long_error_is_cut() -> None:
     event = b'data: {"error":{"message":"' + b"x" * 1000 + b'"}}\n\n'
     got = scan(event, False)
     assert got.error is not None and len(got.error) == MAX_ERROR_BYTES
+
+
+@pytest.mark.parametrize(
+    ("events", "ok"),
+    [
+        (event(TEXT, COMPACT) + event(USAGE, SPACED) + DONE, True),
+        (b'data:{"a":1}\n\n', True),  # no space after the colon, as SSE allows
+        (b'data: {"a":1} \n\n', True),
+        (b': keep-alive\n\nevent: message\nid: 7\nretry: 1000\ndata: {"a":1}\n\n', True),
+        (b"\n\n" + DONE, True),  # a blank line between events
+        (b"<html>\n\n<body>502 Bad Gateway</body>\n\n", False),  # a gateway's page
+        (b'data: {"a":1\n\n', False),  # a JSON object cut short
+        (b"data: hello\n\n", False),  # data that is no JSON object
+        (b"data: [DONE] and more\n\n", False),
+        (b'field: {"a":1}\n\n', False),  # no SSE field
+        (b'data: {"a":1}\r\n\r\n', False),  # CRLF: not how a decode engine writes
+    ],
+)
+def test_only_sse_events_of_json_objects_are_well_formed(events: bytes, ok: bool) -> None:
+    assert well_formed(events) is ok

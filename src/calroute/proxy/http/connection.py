@@ -22,7 +22,7 @@ from calroute.proxy.http.head import HeadMeter, HeadTooLarge
 
 
 class RelayTarget(Protocol):
-    """What takes a connection's body pieces from the data callback (client.EngineResponse, relaying)."""
+    """What takes a connection's body pieces from the data callback (answer.EngineResponse, relaying)."""
 
     def body_arrived(self) -> None: ...  # after every read: the pieces in ``parts``, the end, a failure
 

@@ -14,7 +14,8 @@ from urllib.parse import urlsplit
 
 from calroute.errors import CalrouteError
 from calroute.proxy.config import ENGINE_KEEPALIVE_S, MAX_PROBE_BYTES
-from calroute.proxy.http.client import Endpoint, UnsafeRequest, UpstreamError
+from calroute.proxy.http.answer import UpstreamError
+from calroute.proxy.http.client import Endpoint, UnsafeRequest
 
 
 class ScrapeError(CalrouteError):

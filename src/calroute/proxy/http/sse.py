@@ -31,6 +31,13 @@ _USAGE = re.compile(rb'"choices"' + _S + rb":" + _S + rb"\[" + _S + rb"\]")
 _ERROR = re.compile(rb"^data:" + _S + rb"\{" + _S + rb'"error"' + _S + rb":", re.MULTILINE)
 _ABORT = re.compile(rb'"finish_reason"' + _S + rb":" + _S + rb'"abort"')
 ABORT_ERROR = "the decode engine aborted the request (finish_reason abort)"
+# What a decode stream may hold, as OpenAI's API streams it: events of ``data:`` lines, each a JSON object on
+# one line or ``[DONE]``, and the SSE fields a server may add (``event``, ``id``, ``retry``, a ``:`` comment);
+# blank lines between events. Anything else (an HTML page from a gateway, a half-written engine) is not
+# relayed: a client must never read bytes it cannot parse as the stream it asked for. One regular expression
+# over each read's complete events: linear in their bytes, about a microsecond for a token's event.
+_LINE = rb"(?:data:" + _S + rb"(?:\{[^\n]*\}|\[DONE\])" + _S + rb"|(?:event|id|retry)(?::[^\n]*)?|:[^\n]*)\n"
+_EVENTS = re.compile(rb"(?:(?:" + _LINE + rb")*\n)+")
 MAX_ERROR_BYTES = 300
 
 
@@ -48,6 +55,11 @@ def _find(events: bytes, compact: bytes, spaced: re.Pattern[bytes], key: bytes) 
         return at
     found = spaced.search(events)
     return -1 if found is None else found.start()
+
+
+def well_formed(events: bytes) -> bool:
+    """``events`` (complete SSE events) are all a decode stream may hold."""
+    return _EVENTS.fullmatch(events) is not None
 
 
 def scan(events: bytes, keep_usage: bool) -> Scan:
