@@ -350,3 +350,22 @@ def test_mooncake_bad_hash_ids_name_file_line_and_field(tmp_path: Path, hash_ids
     with pytest.raises(TraceFormatError, match=f":3: {pattern}") as info:
         load_trace(path)
     assert str(path) in str(info.value)
+
+
+def test_trace_windows_replay_distinct_stretches_by_seed() -> None:
+    from calroute.workload.source import TraceWorkload
+
+    path = (
+        Path(__file__).resolve().parents[2] / "data" / "traces" / "mooncake_fast25" / "synthetic_trace.jsonl"
+    )
+    whole = load_trace(path).requests
+    source = TraceWorkload(path, 4000, windows=10)
+    first, second, wrapped = (source.requests(1.0, s) for s in (0, 1, 10))
+    n = len(whole) // 10
+    assert len(first) == len(second) == n
+    assert [r.prompt_tokens for r in second] == [r.prompt_tokens for r in whole[n : 2 * n]]
+    assert [r.prefix_blocks for r in second] == [r.prefix_blocks for r in whole[n : 2 * n]]
+    assert second[0].arrival_s == 0.0  # a window's clock starts at its first request
+    assert [r.prompt_tokens for r in wrapped] == [r.prompt_tokens for r in first]
+    with pytest.raises(ConfigError, match="offset"):
+        load_trace(path, offset=len(whole))

@@ -24,7 +24,13 @@ class Backend(Protocol):
     name: str
 
     def saturation_rate(
-        self, prefill: int, decode: int, workload: str, requests: int, policy: str = "round_robin"
+        self,
+        prefill: int,
+        decode: int,
+        workload: str,
+        requests: int,
+        policy: str = "round_robin",
+        trace_windows: int = 1,
     ) -> float:
         """The rate at which ``policy``'s goodput crosses 0.85 on this setup."""
         ...
@@ -75,16 +81,31 @@ class SimBackend:
         )
 
     def saturation_rate(
-        self, prefill: int, decode: int, workload: str, requests: int, policy: str = "round_robin"
+        self,
+        prefill: int,
+        decode: int,
+        workload: str,
+        requests: int,
+        policy: str = "round_robin",
+        trace_windows: int = 1,
     ) -> float:
-        return self.saturation(prefill, decode, workload, requests, policy).rate_rps
+        return self.saturation(prefill, decode, workload, requests, policy, trace_windows).rate_rps
 
     def saturation(
-        self, prefill: int, decode: int, workload: str, requests: int, policy: str = "round_robin"
+        self,
+        prefill: int,
+        decode: int,
+        workload: str,
+        requests: int,
+        policy: str = "round_robin",
+        trace_windows: int = 1,
     ) -> SaturationResult:
         setup = self._setup(prefill, decode, Variant(policy, policy))
         return saturate(
-            setup, workload_source(workload, requests), reference_policy=policy, seeds=SATURATION_SEEDS
+            setup,
+            workload_source(workload, requests, trace_windows=trace_windows),
+            reference_policy=policy,
+            seeds=SATURATION_SEEDS,
         )
 
     def run_cell(
@@ -96,7 +117,7 @@ class SimBackend:
         records_dir: Path,
         on_run: Callable[[Run], None],
     ) -> list[Run]:
-        source = workload_source(cell.workload, requests)
+        source = workload_source(cell.workload, requests, trace_windows=cell.trace_windows)
         runs = []
         for seed in seeds:
             reqs = source.requests(rate_rps, seed)

@@ -32,6 +32,8 @@ class Cell:
     saturate_on: tuple[str, ...] = ("round_robin",)
     # Policies whose crossing rates are measured for the report too (CellResult.tags["saturation_rps"]).
     measure_saturation_of: tuple[str, ...] = ()
+    # A trace replayed in this many consecutive windows, seed s on window s (workload/source.py).
+    trace_windows: int = 1
     tags: dict[str, Any] = field(default_factory=dict)  # what the report groups by (e.g. {"decode": 3})
 
     @property

@@ -96,8 +96,9 @@ class LiveBackend:
         rate: float,
         seed: int,
         run_dir: Path,
+        trace_windows: int = 1,
     ) -> Run:
-        reqs = workload_source(workload, requests).requests(rate, seed)
+        reqs = workload_source(workload, requests, trace_windows=trace_windows).requests(rate, seed)
         live = run_variant(setup, variant, reqs, run_dir, seed=seed)
         if not live.valid:
             self.progress(
@@ -107,14 +108,20 @@ class LiveBackend:
         return Run(variant.label, seed, live.summary)
 
     def saturation_rate(
-        self, prefill: int, decode: int, workload: str, requests: int, policy: str = "round_robin"
+        self,
+        prefill: int,
+        decode: int,
+        workload: str,
+        requests: int,
+        policy: str = "round_robin",
+        trace_windows: int = 1,
     ) -> float:
         from calroute.costmodel.profiles import profile_from_calibration
         from calroute.experiments.backends import SimBackend
 
         setup = self.setup_for(prefill, decode)
         sim = SimBackend(profile_from_calibration(setup.calibration)).saturation(
-            prefill, decode, workload, requests, policy
+            prefill, decode, workload, requests, policy, trace_windows
         )
         if self.saturation == "sim":
             self.progress(
@@ -145,6 +152,7 @@ class LiveBackend:
                 rate,
                 0,
                 probes_dir / f"rate-{rate:.4f}",
+                trace_windows,
             )
             self.progress(f"  probe {rate:.2f} req/s: {policy} goodput {run.summary.goodput:.3f}")
             return run.summary.goodput
@@ -171,7 +179,9 @@ class LiveBackend:
         for seed in seeds:
             for v in cell.variants:
                 run_dir = records_dir.parent.parent / "runs" / cell.key / f"{v.label}-seed{seed}"
-                run = self._run(setup, v, cell.workload, requests, rate_rps, seed, run_dir)
+                run = self._run(
+                    setup, v, cell.workload, requests, rate_rps, seed, run_dir, cell.trace_windows
+                )
                 records_dir.mkdir(parents=True, exist_ok=True)
                 (records_dir / f"{v.label}-seed{seed}.jsonl").write_bytes(
                     (run_dir / "records.jsonl").read_bytes()

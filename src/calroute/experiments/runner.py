@@ -113,10 +113,13 @@ def run_experiment(
             for policy in dict.fromkeys((*cell.saturate_on, *cell.measure_saturation_of)):
                 # round_robin's key is the one saved before other policies could be searched on
                 policy_key = "" if policy == "round_robin" else f":{policy}"
-                key = f"{p}P{d}D:{cell.workload}{policy_key}{slo_key}"
+                windows = "" if cell.trace_windows == 1 else f":windows={cell.trace_windows}"
+                key = f"{p}P{d}D:{cell.workload}{windows}{policy_key}{slo_key}"
                 if key not in saturation:
                     progress(f"{exp.name}: saturation search on {key}")
-                    saturation[key] = backend.saturation_rate(p, d, cell.workload, scale.requests, policy)
+                    saturation[key] = backend.saturation_rate(
+                        p, d, cell.workload, scale.requests, policy, cell.trace_windows
+                    )
                     _write_json(sat_path, saturation)
                 rates[policy] = saturation[key]
             if cell.measure_saturation_of:

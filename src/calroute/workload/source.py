@@ -61,29 +61,54 @@ class FamilyWorkload:
         return {"workload": self.family, "requests": self.n_requests, "tight_fraction": self.tight_fraction}
 
 
-def workload_source(name: str, n_requests: int, tight_fraction: float = 0.5) -> WorkloadSource:
-    """A family by name, or else a trace file at that path (what an experiment's cell names)."""
+def workload_source(
+    name: str, n_requests: int, tight_fraction: float = 0.5, trace_windows: int = 1
+) -> WorkloadSource:
+    """A family by name, or else a trace file at that path (what an experiment's cell names), replayed in
+    ``trace_windows`` windows (TraceWorkload)."""
     if name in WORKLOADS:
         return FamilyWorkload(name, n_requests, tight_fraction)
     path = Path(name)
     if not path.is_file():
         raise ConfigError(f"workload {name!r} is neither a family ({', '.join(WORKLOADS)}) nor a trace file")
-    return TraceWorkload(path, n_requests, tight_fraction)
+    return TraceWorkload(path, n_requests, tight_fraction, trace_windows)
 
 
 class TraceWorkload:
     """A trace file; its arrivals are rescaled to the requested rate (the factor is reported)."""
 
-    def __init__(self, path: Path, n_requests: int | None, tight_fraction: float = 0.5) -> None:
+    def __init__(
+        self, path: Path, n_requests: int | None, tight_fraction: float = 0.5, windows: int = 1
+    ) -> None:
+        """``windows`` > 1 cuts the trace into that many consecutive windows of equal length (at most
+        ``n_requests`` each) and seed s replays window s mod ``windows``: paired runs on distinct stretches
+        of the trace, where seeds alone would only redraw the SLO classes of the same requests."""
+        if windows < 1:
+            raise ConfigError(f"trace windows must be >= 1, got {windows}")
         self.path = path
         self.n_requests = n_requests
         self.tight_fraction = tight_fraction
+        self.windows = windows
         self.name = path.name
         self._last: Trace | None = None
+        self._window_len: int | None = None
 
     def requests(self, rate_rps: float | None, seed: int) -> list[RequestSpec]:
+        limit, offset = self.n_requests, 0
+        if self.windows > 1:
+            if self._window_len is None:
+                total = len(load_trace(self.path).requests)
+                self._window_len = max(1, total // self.windows)
+                if self.n_requests is not None:
+                    self._window_len = min(self._window_len, self.n_requests)
+            limit, offset = self._window_len, (seed % self.windows) * self._window_len
         trace = load_trace(
-            self.path, seed=seed, tight_fraction=self.tight_fraction, rate_rps=rate_rps, limit=self.n_requests
+            self.path,
+            seed=seed,
+            tight_fraction=self.tight_fraction,
+            rate_rps=rate_rps,
+            limit=limit,
+            offset=offset,
         )
         self._last = trace
         return trace.requests

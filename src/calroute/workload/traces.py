@@ -263,14 +263,19 @@ def load_trace(
     time_scale: float | None = None,
     limit: int | None = None,
     arrival: str = "poisson",
+    offset: int = 0,
 ) -> Trace:
     """Load a trace file as requests ``t000000``, ``t000001``, ... in arrival order.
 
     For timed traces ``rate_rps`` rescales the inter-arrival times so the mean rate over the kept requests is
     ``rate_rps``, and ``time_scale`` divides the arrival times instead. Lengths-only traces need ``rate_rps``
     and draw ``arrival`` ("poisson" or "bursty") arrivals from ``seed``. ``limit`` keeps the first requests in
-    arrival order (file order for lengths-only traces) before any of this.
+    arrival order (file order for lengths-only traces) after skipping ``offset`` of them, before any of this
+    (a window of the trace, its arrivals then counted from its first request).
     """
+    if offset < 0:
+        raise ConfigError(f"offset must be >= 0, got {offset}")
+    end = None if limit is None else offset + limit
     _check_args(seed, tight_fraction, rate_rps, time_scale, limit, arrival)
     path = Path(path)
     text = _read_text(path)
@@ -278,6 +283,8 @@ def load_trace(
     columns = _parse_jsonl(path, text) if fmt == MOONCAKE_JSONL else _parse_csv(path, text, fmt)
     if not columns.prompt_tokens:
         raise TraceFormatError(f"{path}: no requests (only a header or blank lines)")
+    if offset >= len(columns.prompt_tokens):
+        raise ConfigError(f"{path}: offset {offset} skips all {len(columns.prompt_tokens)} requests")
 
     prompt_tokens = np.array(columns.prompt_tokens, dtype=np.int64)
     output_tokens = np.array(columns.output_tokens, dtype=np.int64)
@@ -290,7 +297,9 @@ def load_trace(
             raise ConfigError(f"{path}: lengths-only traces have no arrival times and need a rate (--rate)")
         if time_scale is not None:
             raise ConfigError(f"{path}: time_scale needs a timed trace; this one is lengths-only")
-        prompt_tokens, output_tokens = prompt_tokens[:limit], output_tokens[:limit]
+        prompt_tokens, output_tokens = prompt_tokens[offset:end], output_tokens[offset:end]
+        if columns.prefix_blocks is not None:
+            prefix_blocks = list(columns.prefix_blocks[offset:end])
         rng = np.random.default_rng([seed, _ARRIVAL_STREAM])
         make_arrivals = bursty_arrivals if arrival == "bursty" else poisson_arrivals
         arrivals_s = make_arrivals(rate_rps, len(prompt_tokens), rng)
@@ -298,7 +307,7 @@ def load_trace(
         if arrival != "poisson":
             raise ConfigError(f"{path}: arrival={arrival!r} applies only to lengths-only traces")
         times_s = np.array(columns.times_s, dtype=np.float64)
-        order = np.argsort(times_s, kind="stable")[:limit]
+        order = np.argsort(times_s, kind="stable")[offset:end]
         arrivals_s = times_s[order] - times_s[order[0]]
         prompt_tokens, output_tokens = prompt_tokens[order], output_tokens[order]
         if columns.prefix_blocks is not None:
