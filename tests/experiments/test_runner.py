@@ -21,7 +21,13 @@ class FakeBackend:
         self.rates: list[float] = []
 
     def saturation_rate(
-        self, prefill: int, decode: int, workload: str, requests: int, policy: str = "round_robin"
+        self,
+        prefill: int,
+        decode: int,
+        workload: str,
+        requests: int,
+        policy: str = "round_robin",
+        trace_windows: int = 1,
     ) -> float:
         self.searched.append(policy)
         return CROSSING_RPS[policy]
