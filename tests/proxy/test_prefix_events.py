@@ -11,10 +11,13 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from calroute import aio
 from calroute.engines import launch, tokens
 from calroute.engines.cluster import ClusterFile
 from calroute.engines.kvcache import block_hashes as prefix_block_ids
+from calroute.harness.loadgen import drive
 from calroute.proxy.generate import prompt_blocks
+from calroute.types import PREFIX_BLOCK_TOKENS, RequestSpec, RequestStatus, SloClass
 from tests.engines.http import request
 from tests.proxy.harness import RunningProxy
 from tests.proxy.test_proxy import records, wait_for
@@ -75,6 +78,18 @@ def test_a_shared_prefix_goes_where_the_events_say_it_is_cached(
     assert engine_hits == predicted
     live = {labels["engine"]: v for labels, v in samples(p.url, "calroute_kv_events_live")}
     assert live == {e.id: 1.0 for e in event_cluster.engines}
+
+    # The load generator's prompts for requests naming blocks share those blocks' tokens, and the client
+    # records what the proxy says the prefill engine served from cache (x-calroute-cached-tokens).
+    blocks = (70_001, 70_002)
+    specs = [
+        RequestSpec(f"lg{i}", 1.0 * i, 2 * PREFIX_BLOCK_TOKENS + 100 + i, 4, SloClass.LOOSE, blocks)
+        for i in range(2)
+    ]
+    result = aio.run(drive(p.url, specs, "emulated", pause_gc=False))
+    assert [r.status for r in result.records] == [RequestStatus.OK] * 2
+    assert result.records[0].cached_tokens == 0
+    assert result.records[1].cached_tokens == 2 * PREFIX_BLOCK_TOKENS == records(p)[-1].cached_tokens
 
 
 def test_the_proxy_hashes_text_and_token_prompts_as_the_emulator_does() -> None:

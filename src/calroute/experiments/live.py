@@ -67,8 +67,9 @@ class LiveBackend:
         shape_dir = self.work_dir / f"{prefill}P{decode}D"
         self.progress(f"{self.name}: bringing up {prefill}P+{decode}D")
         if self.name == "emulated":
+            # KV events on: a prefix workload's proxy routes on them (docs/prefix.md); others ignore them
             self._launched = launch.up_emulated(
-                prefill, decode, shape_dir / "logs", time_scale=self.time_scale
+                prefill, decode, shape_dir / "logs", time_scale=self.time_scale, kv_events=True
             )
         else:
             self._launched = launch.up_vllm(prefill, decode, shape_dir / "logs", repo_root=REPO)

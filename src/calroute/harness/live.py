@@ -54,7 +54,11 @@ class LiveRunError(CalrouteError):
     pass
 
 
-def _proxy_argv(setup: LiveSetup, variant: Variant, run_dir: Path, port: int, seed: int) -> list[str]:
+def _proxy_argv(
+    setup: LiveSetup, variant: Variant, run_dir: Path, port: int, seed: int, prefix_index: bool = False
+) -> list[str]:
+    """``prefix_index``: the proxy hashes prompts and routes on what the engines cache (docs/prefix.md),
+    for workloads whose prompts share prefixes; elsewhere it would only cost the hashing."""
     cal = setup.calibration if variant.router == "calibrated" else mismatched(setup.calibration)
     cal_path = run_dir / "router-calibration.json"
     cal.save(cal_path)
@@ -84,6 +88,8 @@ def _proxy_argv(setup: LiveSetup, variant: Variant, run_dir: Path, port: int, se
         argv += ["--param", f"{key}={value}"]
     if variant.router == "online":
         argv.append("--online-calibration")
+    if prefix_index:
+        argv.append("--prefix-index")
     return argv
 
 
@@ -109,8 +115,10 @@ def run_definition(variant: Variant, requests: Sequence[RequestSpec]) -> dict[st
     covers the workload, rate, seed and count; the variant covers policy, parameters, router and predictor."""
     digest = hashlib.sha256()
     for r in requests:
+        blocks = f",{' '.join(map(str, r.prefix_blocks))}" if r.prefix_blocks else ""
         digest.update(
-            f"{r.request_id},{r.arrival_s!r},{r.prompt_tokens},{r.output_tokens},{r.slo_class.value}\n".encode()
+            f"{r.request_id},{r.arrival_s!r},{r.prompt_tokens},{r.output_tokens},{r.slo_class.value}"
+            f"{blocks}\n".encode()
         )
     return {"variant": asdict(variant), "requests": len(requests), "schedule_sha256": digest.hexdigest()}
 
@@ -142,7 +150,9 @@ def run_variant(
     run_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     proxy: subprocess.Popen[bytes] = start_process_group(
-        _proxy_argv(setup, variant, run_dir, port, seed), None, run_dir / "proxy.log"
+        _proxy_argv(setup, variant, run_dir, port, seed, any(r.prefix_blocks for r in requests)),
+        None,
+        run_dir / "proxy.log",
     )
     url = f"http://127.0.0.1:{port}"
     try:

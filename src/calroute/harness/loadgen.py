@@ -47,6 +47,7 @@ import numpy as np
 
 from calroute.errors import ConfigError
 from calroute.harness.prompts import ids_json, prompt_json
+from calroute.proxy.generate import CACHED_TOKENS_HEADER
 from calroute.proxy.oracle import ORACLE_HEADER
 from calroute.results.records import RequestRecord
 from calroute.types import RequestSpec, RequestStatus, SloClass
@@ -106,6 +107,11 @@ def request_body(model: str, spec: RequestSpec, index: int, prompt_seed: int) ->
             b',"ignore_eos":true,"temperature":0,"stream":true,"stream_options":{"include_usage":true}}',
         )
     )
+
+
+def _count_header(value: str | None) -> int:
+    """A proxy's x-calroute-cached-tokens (0 when absent: a proxy without a prefix index, or a bad value)."""
+    return int(value) if value is not None and value.isdigit() and len(value) <= 12 else 0
 
 
 def _completion_tokens(block: bytes) -> int | None:
@@ -180,6 +186,7 @@ class _Run:
         first: float | None = None
         last: float | None = None
         tokens: int | None = None
+        cached = 0
         status = RequestStatus.OK
         error: str | None = None
         try:
@@ -195,6 +202,7 @@ class _Run:
                     excerpt = (await r.content.read(4 * ERROR_EXCERPT_CHARS)).decode(errors="replace")
                     status, error = RequestStatus.FAILED, f"HTTP {r.status}: {excerpt[:ERROR_EXCERPT_CHARS]}"
                 else:
+                    cached = _count_header(r.headers.get(CACHED_TOKENS_HEADER))
                     carry = b""
                     async for chunk in r.content.iter_any():
                         now = loop.time()
@@ -233,7 +241,7 @@ class _Run:
                 error = f"{TOKEN_CONTRACT}: max_tokens {spec.output_tokens}, got {got}"
             elif first is None:
                 status, error = RequestStatus.FAILED, "no content chunk in the stream"
-        self._finish(i, first, last, tokens, status, error)
+        self._finish(i, first, last, tokens, status, error, cached)
 
     async def send_all(self, order: list[int]) -> None:
         """Release one task per request, in ``order``, ``LEAD_S`` before its send time; wait for all."""
@@ -263,6 +271,7 @@ class _Run:
         tokens: int | None,
         status: RequestStatus,
         error: str | None,
+        cached_tokens: int = 0,
     ) -> None:
         spec = self.requests[i]
         t0 = self.t0
@@ -282,6 +291,7 @@ class _Run:
             last_token_s=None if last is None else last - t0,
             status=status,
             error=error,
+            cached_tokens=cached_tokens,
         )
         self.records[i] = rec
         self.done += 1

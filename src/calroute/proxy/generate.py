@@ -46,11 +46,26 @@ from calroute.types import RequestStatus
 logger = logging.getLogger(__name__)
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+# On a streamed answer: the prompt tokens the prefill engine served from its prefix cache, as it said (the
+# client's view of prefix reuse; the load generator records it, harness/loadgen.py).
+CACHED_TOKENS_HEADER = "x-calroute-cached-tokens"
 # What the client reads when engines failed it: never which engine, its address or the exception.
 ENGINES_FAILED = "the engines could not serve this request"
 STREAM_BROKE = "the decode engine broke off the stream"
 NOT_SENT = "the proxy could not send this request to an engine"
 ENGINE_REFUSED = "the engine refused this request"
+
+
+def _cached_tokens(out: dict[str, Any], kv: Any) -> int:
+    """What the prefill engine served from its prefix cache: vLLM's (and OpenAI's)
+    ``usage.prompt_tokens_details.cached_tokens`` where the engine reports it (vLLM with
+    --enable-prompt-tokens-details), else the emulator's ``kv_transfer_params.remote_prefill_cached_tokens``;
+    0 when neither is a count."""
+    details = out.get("usage", {}).get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if cached is None and isinstance(kv, dict):
+        cached = kv.get("remote_prefill_cached_tokens")
+    return cached if isinstance(cached, int) and not isinstance(cached, bool) and cached >= 0 else 0
 
 
 def _failed(engine_id: str, phase: str, e: BaseException) -> EngineFailed:
@@ -242,9 +257,7 @@ class Generation:
         self.prompt_length.learn(f.prompt_chars, prompt_tokens)
         f.prompt_tokens = prompt_tokens
         kv = out.get("kv_transfer_params")
-        if isinstance(kv, dict):
-            cached = kv.get("remote_prefill_cached_tokens")
-            f.cached_tokens = cached if isinstance(cached, int) and not isinstance(cached, bool) else 0
+        f.cached_tokens = _cached_tokens(out, kv)
         if (
             self.kv_events is not None
             and self.router.prefix is not None
@@ -341,7 +354,7 @@ class Generation:
         has seen the whole answer can already find its record."""
         if f.stream is None:
             try:
-                f.stream = request.stream(200, SSE_HEADERS)
+                f.stream = request.stream(200, {**SSE_HEADERS, CACHED_TOKENS_HEADER: str(f.cached_tokens)})
             except ConnectionError as e:
                 raise self._client_gone(f) from e
         resp = f.stream
