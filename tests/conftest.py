@@ -16,7 +16,7 @@ from calroute.types import Admission, ClusterView, InstanceState, Role, SloClass
 
 REPO = Path(__file__).resolve().parents[1]
 
-# The tests on real vLLM engines share one 1P+1D cluster (`real_vllm_cluster`): each start-up costs 25-40 s
+# The tests on real vLLM engines share one 2P+1D cluster (`real_vllm_cluster`): each start-up costs 25-40 s
 # on the 2-core CI machine. Idle vLLM CPU engines keep about a core busy, which would skew every timing test
 # run beside them, so the tests that use it run last, in this order of their files: the compatibility suite
 # (it checks the prefill engine's KV usage drains to 0), the calibration, then the proxy's tests, whose last
@@ -92,11 +92,12 @@ def unreachable_cluster(prefill: int, decode: int) -> ClusterFile:
 
 @pytest.fixture(scope="session")
 def real_vllm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFile]:
-    """1 prefill + 1 decode real vLLM engines with NIXL, shared by every test on real vLLM (they run last)."""
+    """2 prefill + 1 decode real vLLM engines with NIXL, shared by every test on real vLLM (they run last):
+    two prefill engines, so that routing on what each one caches can be seen (tests/proxy/test_proxy_vllm)."""
     venv, model = vllm.default_vllm_paths(REPO)
     if not vllm.vllm_available(venv, model):
         pytest.fail("real vLLM is not installed: run `make vllm` (make test does it)")
-    launched = launch.up_vllm(1, 1, tmp_path_factory.mktemp("real-vllm"), repo_root=REPO)
+    launched = launch.up_vllm(2, 1, tmp_path_factory.mktemp("real-vllm"), repo_root=REPO)
     try:
         yield launched.file
     finally:

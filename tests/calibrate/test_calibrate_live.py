@@ -1,4 +1,4 @@
-"""`calroute calibrate` against live clusters: emulated 2P+4D at time scale 1 and 2, real vLLM 1P+1D.
+"""`calroute calibrate` against live clusters: emulated 2P+4D at time scale 1 and 2, real vLLM 2P+1D.
 
 The emulated engines run the a40-qwen2.5-3b profile, so the calibration must recover it. Every HTTP request
 to them also costs a few milliseconds that the profile does not model (client and server JSON, the event
@@ -244,7 +244,7 @@ def test_cli_errors_exit_2(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_real_vllm_calibration_completes(real_vllm_cluster: ClusterFile, tmp_path: Path) -> None:
-    # real_vllm_cluster: the session's shared real-vLLM 1P+1D cluster (tests/conftest.py)
+    # real_vllm_cluster: the session's shared real-vLLM 2P+1D cluster (tests/conftest.py)
     # CPU vLLM serving a tiny model is not GPU-like: no accuracy claim, only a complete, sane calibration.
     started = time.perf_counter()
     lines: list[str] = []
@@ -267,7 +267,7 @@ def test_real_vllm_calibration_completes(real_vllm_cluster: ClusterFile, tmp_pat
     assert cal.provenance["cluster"]["kind"] == "vllm"
     assert "cache_config_info" in cal.provenance["kv_bytes_per_token_source"]
     fits = report["fits"]
-    print(f"\nreal vLLM 1P+1D: wall {wall_s:.1f} s (budget 60 s)")
+    print(f"\nreal vLLM 2P+1D: wall {wall_s:.1f} s (budget 60 s)")
     for name, fit in fits.items():
         assert isinstance(fit["r2_fit"], float) and fit["n_fit"] >= 3, (name, fit)
         print(

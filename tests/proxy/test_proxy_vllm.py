@@ -1,4 +1,4 @@
-"""The proxy end to end on real vLLM engines (1 prefill + 1 decode, NIXL KV transfer)."""
+"""The proxy end to end on real vLLM engines (2 prefill + 1 decode, NIXL KV transfer)."""
 
 from __future__ import annotations
 
@@ -21,12 +21,13 @@ from tests.proxy.harness import RunningProxy
 EXTERNAL_KV_TOKENS = (
     'vllm:prompt_tokens_by_source_total{engine="0",model_name="tiny",source="external_kv_transfer"}'
 )
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
 PROMPT = "".join(f"def handler_{i}(request):\n    return respond(request, {i})\n" for i in range(12))
 
 
 @pytest.fixture
 def real_cluster(real_vllm_cluster: ClusterFile) -> ClusterFile:
-    """The session's shared real-vLLM 1P+1D cluster (tests/conftest.py): these tests run after every other
+    """The session's shared real-vLLM 2P+1D cluster (tests/conftest.py): these tests run after every other
     one that uses it, so the last one here may kill its decode engine."""
     return real_vllm_cluster
 
@@ -61,8 +62,45 @@ def test_proxy_on_real_vllm(real_cluster: ClusterFile, tmp_path: Path) -> None:
     *recs, refused = list(read_records(tmp_path / "log.jsonl"))
     assert refused.status is RequestStatus.REJECTED and refused.prefill_id is None  # the client's error
     assert [r.status for r in recs] == [RequestStatus.OK] * 3
-    assert all(r.prefill_id == "prefill-0" and r.decode_id == "decode-0" for r in recs)
+    assert all(r.prefill_id in {e.id for e in c.prefill} and r.decode_id == "decode-0" for r in recs)
     assert all(r.first_token_s is not None and r.prefill_done_s is not None for r in recs)
+
+
+def test_a_shared_prefix_goes_to_the_real_engine_that_holds_it(
+    real_cluster: ClusterFile, tmp_path: Path
+) -> None:
+    """Prefix caching on real vLLM (docs/prefix.md): the proxy's index, fed by its own placements and
+    hashing token ids in the engines' 128-token blocks, predicts to the block what the engine serves."""
+    c = real_cluster
+    assert len(c.prefill) >= 2 and c.block_tokens == 128
+    for e in c.engines:  # earlier tests' prompts must not count
+        assert request(f"{e.url}/reset_prefix_cache", {})[0] == 200
+    shared = [100 + (i * 37) % 800 for i in range(300)]  # two full 128-token blocks and 44 tokens more
+
+    def completion(suffix: list[int]) -> dict[str, object]:
+        return {
+            "model": c.model,
+            "prompt": shared + suffix,
+            "max_tokens": 4,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+
+    cfg = ProxyConfig(
+        cluster=c, calibration=CAL, log_path=tmp_path / "log.jsonl", policy="marginal_cost", prefix_index=True
+    )
+    with RunningProxy(cfg) as p:
+        assert request(f"{p.url}/v1/completions", completion([11] * 5))[0] == 200
+        first = next(read_records(tmp_path / "log.jsonl")).prefill_id
+        holder = next(e for e in c.prefill if e.id == first)
+        hits_before = metric(holder.url, PREFIX_HITS)
+        assert request(f"{p.url}/v1/completions", completion([12] * 40))[0] == 200
+        predicted = p.proxy.router.last_match.get(first, 0)
+    second = list(read_records(tmp_path / "log.jsonl"))[-1]
+    assert second.prefill_id == first  # the engine that holds the prefix
+    assert predicted == 256  # the two shared full blocks
+    assert metric(holder.url, PREFIX_HITS) - hits_before == predicted  # what the engine served from cache
+    assert second.cached_tokens == predicted  # and what it said it did (usage.prompt_tokens_details)
 
 
 # The subset of the fault matrix (docs/faults.md) real engines can show. They run last: the second one kills
@@ -98,7 +136,7 @@ def test_a_real_decode_engine_killed_mid_stream(real_cluster: ClusterFile, tmp_p
         )
         with urllib.request.urlopen(req, timeout=60) as r:
             first = r.readline()
-            stop_process_group(c.pgids[1])  # decode-0
+            stop_process_group(c.pgids[[e.id for e in c.engines].index("decode-0")])
             text = (first + r.read()).decode()
         # As its engine core dies, vLLM's API server sends an error event, or ends the request with
         # finish_reason "abort" (seen in CI); either way the stream ends with [DONE], never a silent cut.

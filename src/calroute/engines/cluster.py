@@ -38,8 +38,13 @@ class ClusterFile:
     pgids: tuple[int, ...] = ()  # process groups to stop on `engines down`
     logs: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
+    # The engines' KV block size in tokens, when known: the proxy's prefix index hashes prompts in it, so its
+    # counts of cached tokens land on the engines' block boundaries (None: the emulator's 16).
+    block_tokens: int | None = None
 
     def __post_init__(self) -> None:
+        if self.block_tokens is not None and self.block_tokens < 1:
+            raise ConfigError(f"block_tokens must be >= 1, got {self.block_tokens}")
         if self.kind not in KINDS:
             raise ConfigError(f"cluster kind must be one of {KINDS}, got {self.kind!r}")
         ids = [e.id for e in self.engines]

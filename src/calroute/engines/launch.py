@@ -193,6 +193,7 @@ def up_vllm(
         ),
         pgids=tuple(e.pgid for e in started),
         logs=tuple(str(e.log_path) for e in started),
+        block_tokens=vllm.CPU_DEFAULT_BLOCK_TOKENS,  # the engines run with vLLM's CPU default
     )
     return LaunchedCluster(file, [e.popen for e in started])
 

@@ -27,6 +27,7 @@ from calroute.types import Role
 MIB = 1024 * 1024
 # The CPU attention backend only accepts block sizes that are multiples of 32 (its default is 128).
 CPU_BLOCK_MULTIPLE = 32
+CPU_DEFAULT_BLOCK_TOKENS = 128  # vLLM's KV block size on CPU when --block-size is not given
 KV_LOAD_FAILURE_POLICIES = ("fail", "recompute")
 VLLM_VENV_DIRNAME = ".venv-vllm"
 TINY_MODEL_DIRNAME = "tiny-model"
@@ -152,6 +153,9 @@ def vllm_command(cfg: VllmEngineConfig, venv: Path, model_dir: Path) -> tuple[li
         "--enforce-eager",
         "--seed",
         "0",
+        # usage.prompt_tokens_details.cached_tokens: what the prefill engine served from its prefix cache,
+        # which the proxy records (docs/prefix.md)
+        "--enable-prompt-tokens-details",
     ]
     if cfg.block_size is not None:
         argv += ["--block-size", str(cfg.block_size)]

@@ -24,7 +24,7 @@ from typing import Any
 
 from calroute.engines import handoff
 from calroute.engines.api import ApiError, prompt_token_ids
-from calroute.engines.kvcache import block_hashes
+from calroute.engines.kvcache import BLOCK_TOKENS
 from calroute.errors import NoCandidateError
 from calroute.proxy.config import SLOW_STEPS_PER_TOKEN, ProxyConfig
 from calroute.proxy.engine_client import EngineAnswer, EngineClient, UpstreamError
@@ -40,6 +40,7 @@ from calroute.proxy.prompt_length import PromptLength
 from calroute.proxy.relay import StreamRelay
 from calroute.proxy.signals import Signals
 from calroute.results.records import RecordWriter
+from calroute.routing.block_hash import block_hashes as chained_block_hashes
 from calroute.routing.router import Router
 from calroute.types import RequestStatus
 
@@ -129,7 +130,9 @@ class Generation:
             return json_error(400, boarded.message, param=boarded.param)
         body, flight = boarded
         if self.router.prefix is not None:
-            flight.prefix_blocks = prompt_blocks(body, path == "/v1/chat/completions")
+            flight.prefix_blocks = prompt_blocks(
+                body, path == "/v1/chat/completions", self.router.prefix.block_tokens
+            )
         try:
             return await self._serve(request, body, path, flight)
         except Exception as e:
@@ -435,12 +438,14 @@ class Generation:
                 self.metrics.tpot.observe(rec.tpot_s)
 
 
-def prompt_blocks(body: dict[str, Any], chat: bool) -> list[int]:
-    """The prompt's full blocks, hashed as the emulator hashes them (engines/kvcache.py) from the token ids
-    it would prefill (its tokenizer for text, the ids as given otherwise). Measured on this machine: about
-    2 ms to tokenize an 8k-token text prompt (its pieces memoised) and 0.7 ms to hash its 512 blocks. A
-    body the engine would refuse has no blocks: the engine's 400 is the answer, not a routing question."""
+def prompt_blocks(body: dict[str, Any], chat: bool, block_tokens: int = BLOCK_TOKENS) -> list[int]:
+    """The prompt's full blocks of ``block_tokens`` (the engines' block size), hashed as the emulator hashes
+    them (routing/block_hash.py) from the token ids it would prefill (its tokenizer for text, the ids as
+    given otherwise). Measured on this machine: about 2 ms to tokenize an 8k-token text prompt (its pieces
+    memoised) and 0.1 ms to hash its 512 blocks. Real vLLM tokenizes text with its own tokenizer, which the
+    proxy does not load: there only token-id prompts hash as the engine does. A body the engine would refuse
+    has no blocks: the engine's 400 is the answer, not a routing question."""
     try:
-        return block_hashes(prompt_token_ids(body, chat))
-    except ApiError:
+        return chained_block_hashes(prompt_token_ids(body, chat), block_tokens)
+    except (ApiError, ValueError):
         return []
