@@ -161,7 +161,7 @@ def test_the_slo_reaches_the_runs(
     code, stderr, judged = COMMANDS[command](tmp_path, monkeypatch, [] if given is None else ["--slo", given])
     assert code == 0, stderr
     assert judged == resolve_slo(given or "paper", CAL)
-    assert judged.per_token is (spec in ("long-context", "file"))  # type: ignore[union-attr]
+    assert judged.per_token is (spec in ("long-context", "file"))
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))

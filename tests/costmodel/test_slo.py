@@ -193,7 +193,7 @@ def test_per_token_targets_round_trip_and_paper_files_are_unchanged(
 )
 def test_slo_targets_refuse_bad_values_by_name(fields: dict[str, float], message: str) -> None:
     with pytest.raises(CalibrationError, match=message):
-        SloTargets(tight_ttft_s=0.2, tight_tpot_s=0.04, **fields)  # type: ignore[arg-type]
+        SloTargets(tight_ttft_s=0.2, tight_tpot_s=0.04, **fields)
 
 
 def test_describe_names_the_per_token_part(calibration: Calibration) -> None:

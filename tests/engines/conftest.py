@@ -17,7 +17,7 @@ from calroute.engines.cluster import ClusterFile
 def cluster(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ClusterFile]:
-    """1 prefill + 2 decode emulated engines, or the session's 2 prefill + 1 decode real vLLM engines with NIXL."""
+    """1 prefill + 2 decode emulated engines, or the session's real vLLM engines (2P+1D, NIXL)."""
     if request.param == "vllm":
         shared: ClusterFile = request.getfixturevalue("real_vllm_cluster")
         yield shared

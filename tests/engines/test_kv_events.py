@@ -16,7 +16,7 @@ from calroute.engines.kvcache import BLOCK_TOKENS, AllBlocksCleared, BlockRemove
 from calroute.errors import ConfigError
 from calroute.routing import block_hash
 from calroute.types import Role
-from tests.engines.test_emulator import run_group
+from tests.engines.emulated import run_group
 
 EVENTS = KvEventsConfig(
     enable_kv_cache_events=True, publisher="zmq", endpoint="tcp://127.0.0.1:*", topic="kv"

@@ -92,6 +92,7 @@ def test_a_shared_prefix_goes_to_the_real_engine_that_holds_it(
     with RunningProxy(cfg) as p:
         assert request(f"{p.url}/v1/completions", completion([11] * 5))[0] == 200
         first = next(read_records(tmp_path / "log.jsonl")).prefill_id
+        assert first is not None
         holder = next(e for e in c.prefill if e.id == first)
         hits_before = metric(holder.url, PREFIX_HITS)
         assert request(f"{p.url}/v1/completions", completion([12] * 40))[0] == 200

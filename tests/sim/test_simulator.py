@@ -283,6 +283,7 @@ def test_kv_events_reach_the_router_after_their_delay(
     first, second = sorted(records, key=lambda r: r.arrival_s)
     # rotation sends an uninformed second request to the other engine
     assert (second.prefill_id == first.prefill_id) is same_engine
+    assert first.prefill_id is not None
     assert index.blocks_held(first.prefill_id) == 8  # the events arrived in the end
 
 

@@ -21,8 +21,9 @@ def test_garbage_heads_get_a_4xx_or_the_close(tmp_path: Path) -> None:
     async def go() -> dict[str, int]:
         # Short deadlines: a head cut short gets its 408 soon; so much as empty lines (only CRLFs, which
         # RFC 9112 2.2 lets a server skip before a request) are an idle connection, closed without an answer.
-        limits = {"head_timeout_s": 0.3, "keepalive_timeout_s": 0.3}
-        async with ProxyOnFakes(FakeCluster(1, 1), tmp_path, **limits) as p:
+        async with ProxyOnFakes(
+            FakeCluster(1, 1), tmp_path, head_timeout_s=0.3, keepalive_timeout_s=0.3
+        ) as p:
             tally = clients.Tally()
             stop_at = asyncio.get_running_loop().time() + 1.5
             await asyncio.gather(
