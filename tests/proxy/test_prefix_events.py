@@ -78,6 +78,16 @@ def test_a_shared_prefix_goes_where_the_events_say_it_is_cached(
     assert engine_hits == predicted
     live = {labels["engine"]: v for labels, v in samples(p.url, "calroute_kv_events_live")}
     assert live == {e.id: 1.0 for e in event_cluster.engines}
+    # the hit ratio's parts on /metrics: 640 of 650 + 670 prompt tokens, as served and as predicted
+    totals = {
+        name: sum(v for _, v in samples(p.url, f"calroute_{name}_total"))
+        for name in ("prompt_tokens", "prefix_cached_tokens", "prefix_predicted_cached_tokens")
+    }
+    assert totals == {
+        "prompt_tokens": 1320,
+        "prefix_cached_tokens": 640,
+        "prefix_predicted_cached_tokens": 640,
+    }
 
     # The load generator's prompts for requests naming blocks share those blocks' tokens, and the client
     # records what the proxy says the prefill engine served from cache (x-calroute-cached-tokens).

@@ -40,6 +40,7 @@ VARIANTS = (
     *(Variant(p, p) for p in PEERS),
     Variant("marginal_cost", "marginal_cost"),
     Variant("marginal_cost-no-prefix", "marginal_cost", {"use_prefix_cache": False}),
+    Variant("marginal_cost-no-evict", "marginal_cost", {"w_evict": 0.0}),
 )
 # Every variant whose policy runs with its defaults: their crossing rates go in the report.
 RATED = tuple(v.policy for v in VARIANTS if not v.params)

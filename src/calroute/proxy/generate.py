@@ -432,6 +432,10 @@ class Generation:
         self.metrics.requests.labels(
             self.policy_name, f.prefill_id or "", f.decode_id or "", status.value
         ).inc()
+        if ok:
+            self.metrics.prompt_tokens.labels(self.policy_name).inc(f.prompt_tokens)
+            self.metrics.cached_tokens.labels(self.policy_name).inc(f.cached_tokens)
+            self.metrics.predicted_cached_tokens.labels(self.policy_name).inc(f.predicted_cached_tokens)
         if ok and rec.ttft_s is not None:
             self.metrics.ttft.observe(rec.ttft_s)
             if f.output_tokens >= 2 and rec.tpot_s is not None:

@@ -77,6 +77,25 @@ class ProxyMetrics:
             ["engine", "kind"],
             registry=self.registry,
         )
+        # The prefix-hit ratio per policy is cached / prompt: rate(cached) / rate(prompt) in PromQL.
+        self.prompt_tokens = Counter(
+            "calroute_prompt_tokens",
+            "Prompt tokens of completed requests, by policy.",
+            ["policy"],
+            registry=self.registry,
+        )
+        self.cached_tokens = Counter(
+            "calroute_prefix_cached_tokens",
+            "Of those, the tokens the prefill engines said they served from their prefix caches.",
+            ["policy"],
+            registry=self.registry,
+        )
+        self.predicted_cached_tokens = Counter(
+            "calroute_prefix_predicted_cached_tokens",
+            "Of those, the tokens the router's prefix index expected the chosen prefill engines to hold.",
+            ["policy"],
+            registry=self.registry,
+        )
         self.ttft = Histogram(
             "calroute_ttft_seconds",
             "Time to first token through the proxy.",
