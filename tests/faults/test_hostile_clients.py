@@ -484,8 +484,9 @@ async def check(t: Target, case: Case) -> dict[str, int]:
 
     In process, memory is what Python holds (tracemalloc), so "back" is exact. For a `calroute serve`
     process it is RSS, and the allocator keeps freed pages (glibc raises its mmap threshold after freeing a
-    large buffer, so later ones come from a heap it seldom shrinks): there the case runs twice, and the
-    second run must not leave the process bigger than the first did, which is what a leak would do."""
+    large buffer, so later ones come from a heap it seldom shrinks, by an amount that varies from run to
+    run): there the case runs twice, and after each the process must be back within the bound of one
+    attack's peak, which a leak of what the attack made the proxy hold would exceed."""
     before = t.held()
     most, after = await _attack(t, case, None if before is None else before[0])
     assert await health(t.port) in case.health
@@ -507,7 +508,9 @@ async def check(t: Target, case: Case) -> dict[str, int]:
     figures.update(mem_peak_again=most2, mem_after_again=again[1], fds_after_again=again[0])
     assert again[0] <= fds0 + t.fd_slack(), figures
     assert most2 - mem0 < case.peak_mib * MIB * scale, figures
-    assert again[1] - after[1] < case.after_mib * MIB * scale, figures
+    # Back within one attack's bound after each: a leak (the 25 stalled bodies kept, 200 MiB) grows past it.
+    assert after[1] - mem0 < case.peak_mib * MIB * scale, figures
+    assert again[1] - mem0 < case.peak_mib * MIB * scale, figures
     return figures
 
 
