@@ -14,9 +14,10 @@ listed here (tests/test_errors.py checks both).
   - harness: GateFailed (gates.py: the correctness gates, each result), _EngineError (gates.py: an engine
     answered, but not as a gate requires); LiveRunError (live.py: a live run could not be made)
   - proxy: EngineFailed (errors.py: an engine failed before any output reached the client: retry);
-    ClientGone (errors.py, also a ConnectionResetError: the client left mid-stream)
-  - proxy/http: UpstreamError (client.py: an engine unreachable, breaking off, or answering HTTP the
-    client does not read), and its ProtocolError (client.py: an answer misframed or over its cap, with
+    ClientGone (errors.py, also a ConnectionResetError: the client left mid-stream); BadMessage
+    (kv_events.py, also a ValueError: a KV-event message the subscriber will not apply, with its kind)
+  - proxy/http: UpstreamError (answer.py: an engine unreachable, breaking off, or answering HTTP the
+    client does not read), and its ProtocolError (answer.py: an answer misframed or over its cap, with
     its kind); UnsafeRequest (client.py, also a ValueError: a request to an engine with CR, LF or NUL in
     a line, never sent); FramingError (framing.py, also a ValueError: bytes that are not HTTP/1.1
     framing); ClosedEarly (connection.py, also an EOFError: closed before a whole head), _Beyond

@@ -31,6 +31,7 @@ import zmq
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from zmq.utils.monitor import recv_monitor_message
 
+from calroute.errors import CalrouteError
 from calroute.routing.prefix_index import PrefixIndex
 from calroute.types import InstanceSpec
 
@@ -55,7 +56,7 @@ class PreciseIndex(PrefixIndex):
             super().placed(instance_id, blocks)
 
 
-class BadMessage(ValueError):
+class BadMessage(CalrouteError, ValueError):
     """An event message the subscriber will not apply; ``kind`` labels the error counter."""
 
     def __init__(self, kind: str, detail: str) -> None:
