@@ -37,3 +37,7 @@ def test_intervals_are_reproducible_and_pairs_must_match() -> None:
     assert paired_difference(a, b) == paired_difference(a, b)
     with pytest.raises(ValueError, match="equal length"):
         paired_difference([0.1], [0.1, 0.2])
+
+
+def test_one_pair_is_described_without_an_interval() -> None:
+    assert paired_difference([0.9], [0.85]).describe() == "+0.050 (n = 1, no interval)"

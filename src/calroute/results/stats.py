@@ -32,6 +32,8 @@ class PairedDiff:
 
     def describe(self, digits: int = 3) -> str:
         f = f"{{:+.{digits}f}}"
+        if self.n < 2:
+            return f"{f.format(self.mean)} (n = {self.n}, no interval)"
         return (
             f"{f.format(self.mean)} [{f.format(self.low)}, {f.format(self.high)}] n={self.n} {self.verdict}"
         )
