@@ -14,10 +14,11 @@ for ``--duration-s``, each a distinct 128-token prompt and 16 output tokens. The
    and sends garbage request heads (random bytes, malformed lines, bad lengths, oversized lines) on fresh
    connections. A connection the proxy closes is opened again, so the counts hold whatever the proxy does.
    Meanwhile one decode engine answers badly (the emulator's bad_answer fault, ``POST /_calroute/faults``):
-   BAD_ENGINE_RATE of the generation requests it gets, with ``oversized`` and ``malformed`` answers in
-   turn (switched every BAD_SWITCH_S): a 4 MiB SSE event with no line break, past the proxy's 1 MiB event
-   cap, or a chunked body whose first chunk size is no hex number, then a close. Neither sends a token, so
-   the proxy must retry those requests on another decode engine: none may fail.
+   BAD_ENGINE_RATE of the generation requests it gets, with ``oversized``, ``malformed`` and ``not_json``
+   answers in turn (switched every BAD_SWITCH_S): a 4 MiB SSE event with no line break, past the proxy's
+   1 MiB event cap; a chunked body whose first chunk size is no hex number, then a close; or an HTML page
+   where a completion or an SSE stream should be. None sends a token, so the proxy must retry those
+   requests on another decode engine: none may fail.
 
 The attacker and the bad engine are in benchmarks/hostile/ (clients.py, engine.py).
 

@@ -9,7 +9,7 @@ import urllib.request
 from typing import Any
 
 BAD_ENGINE_RATE = 0.2  # the share of its generation requests the bad decode engine answers badly
-BAD_ANSWER_KINDS = ("oversized", "malformed")  # in turn
+BAD_ANSWER_KINDS = ("oversized", "malformed", "not_json")  # in turn
 BAD_SWITCH_S = 1.0
 
 
