@@ -15,8 +15,9 @@ def test_the_prefix_peers_are_registered() -> None:
     assert set(PREFIX_PEERS) <= set(POLICIES)
 
 
-def test_all_is_every_registered_policy_in_registry_order() -> None:
-    assert expand_policy_list("all") == list(POLICIES)
+def test_all_is_every_registered_live_policy_in_registry_order() -> None:
+    assert expand_policy_list("all") == [p for p in POLICIES if p != "oracle"]
+    assert expand_policy_list("all,oracle")[-1] == "oracle"  # named, the simulator runs it
 
 
 def test_all_leaves_out_the_simulator_only_policies(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -31,7 +32,10 @@ def test_all_leaves_out_the_simulator_only_policies(monkeypatch: pytest.MonkeyPa
     [
         ("cache_aware, round_robin", ["cache_aware", "round_robin"]),
         ("round_robin,round_robin,,", ["round_robin"]),
-        ("kv_overlap_cost,all", ["kv_overlap_cost", *[p for p in POLICIES if p != "kv_overlap_cost"]]),
+        (
+            "kv_overlap_cost,all",
+            ["kv_overlap_cost", *[p for p in POLICIES if p not in {"kv_overlap_cost", "oracle"}]],
+        ),
     ],
 )
 def test_lists_keep_their_order_without_duplicates(spec: str, want: list[str]) -> None:

@@ -54,7 +54,7 @@ def run(
     from calroute.experiments.runner import Scale, run_experiment
     from calroute.harness.gates import require_gates
     from calroute.harness.live import LiveSetup
-    from calroute.policies import make_policy
+    from calroute.policies import check_live_policy, make_policy
     from calroute.sim.simulator import SimStats
 
     with exit_on_error():
@@ -66,6 +66,7 @@ def run(
         names = tuple(p.strip() for p in policies.split(",") if p.strip())
         params = parse_param_options(param or [], list(names))
         for name in names:  # a bad policy, parameter or value fails here, before the gates and calibration
+            check_live_policy(name)
             make_policy(name, params.get(name, {}), load_profile().calibration)
         c = ClusterFile.load(cluster)
         require_gates(c)

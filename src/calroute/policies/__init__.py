@@ -13,6 +13,7 @@ from calroute.policies import (
     least_loaded,
     length_heuristic,
     marginal_cost,
+    oracle,
     power_of_two,
     prefix_scorer_mix,
     queue_kv,
@@ -51,11 +52,23 @@ POLICIES: dict[str, _Factory] = {
     "cache_aware": lambda raw, cal: cache_aware.CacheAware(
         parse_params("cache_aware", cache_aware.Params, raw)
     ),
+    # the headroom bound: marginal_cost on the truth (simulator only)
+    "oracle": lambda raw, cal: oracle.Oracle(parse_params("oracle", marginal_cost.Params, raw), cal),
 }
 
 # Policies that only the simulator can run (e.g. one that reads what a live router cannot know): left out
 # of ``all``, and run only when named.
-SIM_ONLY_POLICIES: frozenset[str] = frozenset()
+SIM_ONLY_POLICIES: frozenset[str] = frozenset({"oracle"})
+
+
+def check_live_policy(name: str) -> None:
+    """A ConfigError for a policy a live router cannot run (the proxy, `calroute serve`, `calroute run`)."""
+    if name in SIM_ONLY_POLICIES:
+        raise ConfigError(
+            f"policy {name!r} runs on the simulator only: it routes on the true output lengths and the "
+            "engines' instantaneous state, which no live router has"
+        )
+
 
 ALL_POLICIES = "all"
 
@@ -93,6 +106,7 @@ __all__ = [
     "ALL_POLICIES",
     "POLICIES",
     "SIM_ONLY_POLICIES",
+    "check_live_policy",
     "RoutingPolicy",
     "expand_policy_list",
     "make_policy",

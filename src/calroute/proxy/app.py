@@ -14,7 +14,7 @@ from typing import IO, Any
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from calroute.engines.kvcache import BLOCK_TOKENS
-from calroute.policies import make_policy
+from calroute.policies import check_live_policy, make_policy
 from calroute.proxy import admin, surface
 from calroute.proxy.config import ENGINE_KEEPALIVE_S, ProxyConfig
 from calroute.proxy.engine_client import EngineClient
@@ -44,6 +44,7 @@ class Proxy:
         engines: Mapping[str, EngineClient] | None = None,
         probe: ProbeFactory | None = None,
     ) -> None:
+        check_live_policy(cfg.policy)
         self.cfg = cfg
         self._t0 = time.monotonic()
         self.ledger = Ledger(cfg.cluster.instance_specs(), cfg.calibration)
@@ -139,6 +140,7 @@ class Proxy:
 
     def switch_policy(self, name: str, params: dict[str, Any]) -> None:
         """Route with another policy from the next request on (ConfigError if it cannot be made)."""
+        check_live_policy(name)
         self.router.policy = make_policy(name, params, self.router.constants or self.cfg.calibration)
         self.generation.policy_name = name
         self.policy_params = dict(params)

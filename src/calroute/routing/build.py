@@ -41,6 +41,8 @@ def build_router(
     if seeds.policy is not None and policy in SEEDED_POLICIES and "seed" not in params:
         params["seed"] = seeds.policy
     pol = make_policy(policy, params, calibration)
+    if getattr(pol, "needs_true_state", False):
+        predictor, predictor_noise = "oracle", 0.0  # the oracle knows the true lengths too
     pred = make_predictor(predictor, noise=predictor_noise, seed=seeds.predictor)
     online = None
     if online_calibration:

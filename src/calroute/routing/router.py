@@ -15,6 +15,8 @@ from calroute.routing.prefix_index import PrefixIndex
 from calroute.types import Admission, ClusterView, RouteDecision, SloClass
 
 DecisionHook = Callable[[Admission, ClusterView, RouteDecision], None]
+# The simulator's truth for a policy that may see it (policies/oracle.py): (now, seq, blocks, prompt) -> view.
+TrueView = Callable[[float, int, Sequence[int], int], ClusterView]
 PolicyFactory = Callable[[Calibration], RoutingPolicy]
 
 
@@ -77,6 +79,8 @@ class Router:
         self.record_placements = record_placements
         # The last admission's prefix match (instance id -> cached prompt tokens), for its record.
         self.last_match: dict[str, int] = {}
+        # Set by the simulator for a policy that routes on the truth (the oracle); None everywhere else.
+        self.true_view: TrueView | None = None
         self._tracked: dict[str, _Tracked] = {}
 
     def admit(
@@ -96,8 +100,11 @@ class Router:
         index = self.prefix
         match = index.match(prefix_blocks) if index is not None and prefix_blocks else {}
         self.last_match = match
-        reuse = index.reuse_ratios() if index is not None and prefix_blocks else None
-        view = _panic(self.ledger.view(now_s, match, reuse))
+        if self.true_view is not None:
+            view = self.true_view(now_s, self.ledger.decisions, prefix_blocks, prompt_tokens)
+        else:
+            reuse = index.reuse_ratios() if index is not None and prefix_blocks else None
+            view = _panic(self.ledger.view(now_s, match, reuse))
         decision = self.policy.route(adm, view)
         if self.on_decision is not None:
             self.on_decision(adm, view, decision)

@@ -26,6 +26,7 @@ from calroute.sim.kernel import URGENT, Kernel
 from calroute.sim.prefix_cache import BlockCache
 from calroute.sim.requests import SimRequest
 from calroute.sim.sampling import HeldMetrics, Sample
+from calroute.types import InstanceState, Role
 
 
 class DecodeInstance:
@@ -291,6 +292,51 @@ class DecodeInstance:
         req.recompute_tokens = req.prompt_tokens + req.emitted_tokens
         self.preemptions += 1
         self._waiting.appendleft(req)
+
+    def true_state(
+        self,
+        now_s: float,
+        tau_dec_s: float,
+        blocks: tuple[int, ...],
+        prompt_tokens: int,
+        reuse: float,
+        placed: int,
+    ) -> InstanceState:
+        """This engine as it is now, for a request with these blocks (the oracle's view): KV in use, and
+        committed as the true outputs will grow it; backlog the time its longest stream has left at
+        ``tau_dec_s``; its true prefix hits, or ``placed`` (as PrefillInstance.true_state)."""
+        cached = self.cache.peek(blocks, prompt_tokens) if blocks else 0
+        if placed > cached:
+            cached = placed
+        sample = self._metrics_at(now_s)
+        steps = self._steps + (self._steps_at(now_s) if self._running else 0)
+        growth = 0
+        longest = 0
+        for req in self._running.values():
+            left = req.join_step + req.output_tokens - steps
+            if left > 0:
+                growth += left
+                if left > longest:
+                    longest = left
+        for req in self._waiting:
+            growth += req.prompt_tokens + req.output_tokens
+        for req in self._joiners:
+            growth += req.output_tokens
+        return InstanceState(
+            self.instance_id,
+            Role.DECODE,
+            True,
+            sample.running + sample.waiting,
+            longest * tau_dec_s,
+            sample.kv_used_tokens + growth,
+            sample.kv_used_tokens,
+            self.kv_capacity_tokens,
+            sample.running,
+            sample.waiting,
+            0.0,
+            cached,
+            reuse,
+        )
 
     def _metrics_at(self, t: float) -> Sample:
         """KV in use, running and waiting at ``t``, within the current stretch."""

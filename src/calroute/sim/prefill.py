@@ -13,6 +13,7 @@ from calroute.sim.kernel import URGENT, Kernel
 from calroute.sim.prefix_cache import BlockCache
 from calroute.sim.requests import SimRequest
 from calroute.sim.sampling import HeldMetrics, Sample
+from calroute.types import InstanceState, Role
 
 
 class PrefillInstance:
@@ -110,6 +111,38 @@ class PrefillInstance:
         self._batch_size = 0
         if self._queue:
             self._start_iteration()
+
+    def true_state(
+        self, tau_pre_s: float, blocks: tuple[int, ...], prompt_tokens: int, reuse: float, placed: int
+    ) -> InstanceState:
+        """This engine as it is now, for a request with these blocks (the oracle's view): the prompt tokens
+        queued here priced at the hardware's ``tau_pre_s``, the KV it holds and will hold, its true hits or
+        ``placed``, what the prompts already sent here will have cached by the time this one starts."""
+        cached = self.cache.peek(blocks, prompt_tokens) if blocks else 0
+        if placed > cached:
+            cached = placed
+        left = 0
+        pending_kv = 0
+        for req in self._queue:
+            left += req.prefill_left_tokens
+            if not req.prefill_kv_held:
+                pending_kv += req.prompt_tokens
+        n = len(self._queue)
+        return InstanceState(
+            self.instance_id,
+            Role.PREFILL,
+            True,
+            n,
+            left * tau_pre_s,
+            self.kv_used_tokens + pending_kv,
+            self.kv_used_tokens,
+            self.kv_capacity_tokens,
+            self._batch_size,
+            n - self._batch_size,
+            0.0,
+            cached,
+            reuse,
+        )
 
     def _metrics_at(self, t: float) -> Sample:
         return Sample(t, self.kv_used_tokens, self._batch_size, len(self._queue) - self._batch_size)

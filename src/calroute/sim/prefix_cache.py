@@ -64,6 +64,18 @@ class BlockCache:
         self.queried_tokens += prompt_tokens
         return cached
 
+    def peek(self, blocks: tuple[int, ...], prompt_tokens: int) -> int:
+        """What ``acquire`` would serve from cache now, changing nothing (the oracle's view)."""
+        pinned = self._pinned
+        free = self._free
+        limit = (prompt_tokens - 1) // self.block_tokens
+        run = 0
+        for b in blocks:
+            if run >= limit or (b not in pinned and b not in free):
+                break
+            run += 1
+        return run * self.block_tokens
+
     def release(self, blocks: tuple[int, ...]) -> None:
         """The request no longer holds its KV: its blocks stay cached, most recently used last."""
         pinned = self._pinned

@@ -8,7 +8,7 @@ in between; see sampling.py). Nothing of an engine's true remaining work reaches
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from calroute.costmodel.profiles import HardwareProfile
@@ -21,7 +21,14 @@ from calroute.sim.kernel import Kernel
 from calroute.sim.prefill import PrefillInstance
 from calroute.sim.requests import SimRequest
 from calroute.sim.sampling import ReadHorizon, Sample, poll
-from calroute.types import PREFIX_BLOCK_TOKENS, InstanceSpec, RequestSpec, RequestStatus, Role
+from calroute.types import (
+    PREFIX_BLOCK_TOKENS,
+    ClusterView,
+    InstanceSpec,
+    RequestSpec,
+    RequestStatus,
+    Role,
+)
 
 RecordSink = Callable[[RequestRecord], None]
 
@@ -128,6 +135,10 @@ class ClusterSim:
         self._last_samples: list[Sample | None] = [None] * len(self._engines)
         self._count = 0
         self._last_arrival_s = 0.0
+        if getattr(router.policy, "needs_true_state", False):
+            router.true_view = self._true_view
+        self._tau_pre_s = cal.tau_pre_s
+        self._tau_dec_s = cal.tau_dec_s
         if kv_event_delay_s is not None:
             if kv_event_delay_s < 0:
                 raise ConfigError(f"kv_event_delay_s must be >= 0, got {kv_event_delay_s}")
@@ -296,6 +307,40 @@ class ClusterSim:
                 error=None,
                 cached_tokens=req.cached_prefill_tokens,
             )
+        )
+
+    def _true_view(self, now_s: float, seq: int, blocks: Sequence[int], prompt_tokens: int) -> ClusterView:
+        """Every engine as it is at ``now_s`` (policies/oracle.py): what no live router can see."""
+        b = tuple(blocks)
+        index = self._router.prefix
+        reuse = index.reuse_ratios() if index is not None and b else {}
+        # Prompts already routed and not yet started hold nothing yet, but will: the router's placements
+        # know of them (a burst of one new prefix would otherwise be spread over every engine).
+        placed = index.match(b) if index is not None and b else {}
+        return ClusterView(
+            now_s,
+            seq,
+            tuple(
+                p.true_state(
+                    self._tau_pre_s,
+                    b,
+                    prompt_tokens,
+                    reuse.get(p.instance_id, 0.0),
+                    placed.get(p.instance_id, 0),
+                )
+                for p in self.prefill.values()
+            ),
+            tuple(
+                d.true_state(
+                    now_s,
+                    self._tau_dec_s,
+                    b,
+                    prompt_tokens,
+                    reuse.get(d.instance_id, 0.0),
+                    placed.get(d.instance_id, 0),
+                )
+                for d in self.decode.values()
+            ),
         )
 
     def _publisher(self, instance_id: str, delay_s: float) -> Callable[[bool, tuple[int, ...]], None]:

@@ -1,0 +1,57 @@
+"""The oracle: marginal_cost's prices on the simulator's truth, refused wherever the truth is not there."""
+
+from __future__ import annotations
+
+import pytest
+
+from calroute.costmodel.calibration import Calibration
+from calroute.costmodel.predictors import OraclePredictor
+from calroute.errors import ConfigError
+from calroute.policies import check_live_policy, make_policy
+from calroute.proxy.app import Proxy
+from calroute.proxy.config import ProxyConfig
+from calroute.routing.build import build_router
+from calroute.routing.ledger import Ledger
+from calroute.routing.seeds import RouterSeeds
+from calroute.sim.simulator import ClusterShape, ClusterSim
+from calroute.types import RequestSpec, RequestStatus, SloClass
+from tests.conftest import make_admission, make_view, unreachable_cluster
+
+
+def test_it_prices_as_marginal_cost_on_the_view_it_is_given(calibration: Calibration) -> None:
+    view = make_view(prefill=[{"backlog_s": 0.3}, {"cached_tokens": 2048}], decode=[{"in_flight": 4}, {}])
+    adm = make_admission(prompt_tokens=4096)
+    assert make_policy("oracle", {}, calibration).route(adm, view) == make_policy(
+        "marginal_cost", {}, calibration
+    ).route(adm, view)
+
+
+def test_the_simulator_shows_it_the_true_lengths_and_state(calibration: Calibration) -> None:
+    from calroute.costmodel.profiles import get_profile
+
+    profile = get_profile("a40-qwen2.5-3b")
+    shape = ClusterShape(2, 4)
+    specs = shape.instances(profile.limits.kv_capacity_tokens)
+    router = build_router(
+        "oracle", {}, profile.calibration, Ledger(specs, profile.calibration), seeds=RouterSeeds()
+    )
+    assert isinstance(router.predictor, OraclePredictor)
+    views = []
+    router.on_decision = lambda adm, view, d: views.append((adm, view))
+    reqs = [RequestSpec(f"r{i}", 0.01 * i, 3000, 50 + i, SloClass.LOOSE) for i in range(6)]
+    records = []
+    ClusterSim(profile, shape, router, "oracle").run(reqs, records.append)
+    assert all(r.status is RequestStatus.OK for r in records)
+    assert [adm.predicted_output_tokens for adm, _ in views] == [r.output_tokens for r in reqs]
+    # no sampling delay in the truth, and the prompts queued before each arrival are seen at once
+    assert all(s.metrics_age_s == 0.0 for _, v in views for s in (*v.prefill, *v.decode))
+    assert sum(s.in_flight for s in views[1][1].prefill) == 1
+
+
+def test_live_routers_refuse_it_by_name(calibration: Calibration) -> None:
+    with pytest.raises(ConfigError, match="simulator only"):
+        check_live_policy("oracle")
+    check_live_policy("marginal_cost")
+    cfg = ProxyConfig(cluster=unreachable_cluster(1, 1), calibration=calibration, policy="oracle")
+    with pytest.raises(ConfigError, match="'oracle' runs on the simulator only"):
+        Proxy(cfg)
