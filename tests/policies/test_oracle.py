@@ -10,11 +10,12 @@ from calroute.errors import ConfigError
 from calroute.policies import check_live_policy, make_policy
 from calroute.proxy.app import Proxy
 from calroute.proxy.config import ProxyConfig
+from calroute.results.records import RequestRecord
 from calroute.routing.build import build_router
 from calroute.routing.ledger import Ledger
 from calroute.routing.seeds import RouterSeeds
 from calroute.sim.simulator import ClusterShape, ClusterSim
-from calroute.types import RequestSpec, RequestStatus, SloClass
+from calroute.types import Admission, ClusterView, RequestSpec, RequestStatus, SloClass
 from tests.conftest import make_admission, make_view, unreachable_cluster
 
 
@@ -36,10 +37,10 @@ def test_the_simulator_shows_it_the_true_lengths_and_state(calibration: Calibrat
         "oracle", {}, profile.calibration, Ledger(specs, profile.calibration), seeds=RouterSeeds()
     )
     assert isinstance(router.predictor, OraclePredictor)
-    views = []
+    views: list[tuple[Admission, ClusterView]] = []
     router.on_decision = lambda adm, view, d: views.append((adm, view))
     reqs = [RequestSpec(f"r{i}", 0.01 * i, 3000, 50 + i, SloClass.LOOSE) for i in range(6)]
-    records = []
+    records: list[RequestRecord] = []
     ClusterSim(profile, shape, router, "oracle").run(reqs, records.append)
     assert all(r.status is RequestStatus.OK for r in records)
     assert [adm.predicted_output_tokens for adm, _ in views] == [r.output_tokens for r in reqs]
