@@ -300,14 +300,15 @@ class DecodeInstance:
         blocks: tuple[int, ...],
         prompt_tokens: int,
         reuse: float,
-        placed: int,
     ) -> InstanceState:
         """This engine as it is now, for a request with these blocks (the oracle's view): KV in use, and
         committed as the true outputs will grow it; backlog the time its longest stream has left at
-        ``tau_dec_s``; its true prefix hits, or ``placed`` (as PrefillInstance.true_state)."""
-        cached = self.cache.peek(blocks, prompt_tokens) if blocks else 0
-        if placed > cached:
-            cached = placed
+        ``tau_dec_s``; the hits this request would get, counting the blocks of the requests waiting to be
+        pulled here (as PrefillInstance.true_state)."""
+        coming: set[int] = set()
+        for req in self._waiting:
+            coming.update(req.prefix_blocks)
+        cached = self.cache.peek_ahead(blocks, prompt_tokens, coming) if blocks else 0
         sample = self._metrics_at(now_s)
         steps = self._steps + (self._steps_at(now_s) if self._running else 0)
         growth = 0

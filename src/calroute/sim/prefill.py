@@ -113,20 +113,27 @@ class PrefillInstance:
             self._start_iteration()
 
     def true_state(
-        self, tau_pre_s: float, blocks: tuple[int, ...], prompt_tokens: int, reuse: float, placed: int
+        self, tau_pre_s: float, blocks: tuple[int, ...], prompt_tokens: int, reuse: float
     ) -> InstanceState:
         """This engine as it is now, for a request with these blocks (the oracle's view): the prompt tokens
-        queued here priced at the hardware's ``tau_pre_s``, the KV it holds and will hold, its true hits or
-        ``placed``, what the prompts already sent here will have cached by the time this one starts."""
-        cached = self.cache.peek(blocks, prompt_tokens) if blocks else 0
-        if placed > cached:
-            cached = placed
+        it has still to compute, priced at the hardware's ``tau_pre_s`` (a queued prompt hits what is cached
+        and what the prompts ahead of it will cache), the KV it holds and will hold, and the hits this
+        request would get behind them all."""
+        cache = self.cache
+        coming: set[int] = set()
         left = 0
         pending_kv = 0
         for req in self._queue:
-            left += req.prefill_left_tokens
-            if not req.prefill_kv_held:
+            if req.prefill_kv_held:
+                left += req.prefill_left_tokens
+            else:
                 pending_kv += req.prompt_tokens
+                hits = (
+                    cache.peek_ahead(req.prefix_blocks, req.prompt_tokens, coming) if req.prefix_blocks else 0
+                )
+                left += req.prompt_tokens - hits
+            coming.update(req.prefix_blocks)
+        cached = cache.peek_ahead(blocks, prompt_tokens, coming) if blocks else 0
         n = len(self._queue)
         return InstanceState(
             self.instance_id,

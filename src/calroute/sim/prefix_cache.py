@@ -76,6 +76,19 @@ class BlockCache:
             run += 1
         return run * self.block_tokens
 
+    def peek_ahead(self, blocks: tuple[int, ...], prompt_tokens: int, coming: set[int]) -> int:
+        """As ``peek``, counting also the ``coming`` blocks: those of prompts queued ahead, which will be
+        cached by the time this one starts."""
+        pinned = self._pinned
+        free = self._free
+        limit = (prompt_tokens - 1) // self.block_tokens
+        run = 0
+        for b in blocks:
+            if run >= limit or (b not in pinned and b not in free and b not in coming):
+                break
+            run += 1
+        return run * self.block_tokens
+
     def release(self, blocks: tuple[int, ...]) -> None:
         """The request no longer holds its KV: its blocks stay cached, most recently used last."""
         pinned = self._pinned

@@ -314,31 +314,15 @@ class ClusterSim:
         b = tuple(blocks)
         index = self._router.prefix
         reuse = index.reuse_ratios() if index is not None and b else {}
-        # Prompts already routed and not yet started hold nothing yet, but will: the router's placements
-        # know of them (a burst of one new prefix would otherwise be spread over every engine).
-        placed = index.match(b) if index is not None and b else {}
         return ClusterView(
             now_s,
             seq,
             tuple(
-                p.true_state(
-                    self._tau_pre_s,
-                    b,
-                    prompt_tokens,
-                    reuse.get(p.instance_id, 0.0),
-                    placed.get(p.instance_id, 0),
-                )
+                p.true_state(self._tau_pre_s, b, prompt_tokens, reuse.get(p.instance_id, 0.0))
                 for p in self.prefill.values()
             ),
             tuple(
-                d.true_state(
-                    now_s,
-                    self._tau_dec_s,
-                    b,
-                    prompt_tokens,
-                    reuse.get(d.instance_id, 0.0),
-                    placed.get(d.instance_id, 0),
-                )
+                d.true_state(now_s, self._tau_dec_s, b, prompt_tokens, reuse.get(d.instance_id, 0.0))
                 for d in self.decode.values()
             ),
         )
