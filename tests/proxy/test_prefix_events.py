@@ -16,7 +16,7 @@ from calroute.engines import launch, tokens
 from calroute.engines.cluster import ClusterFile
 from calroute.engines.kvcache import block_hashes as prefix_block_ids
 from calroute.harness.loadgen import drive
-from calroute.proxy.generate import prompt_blocks
+from calroute.proxy.prefix import prompt_blocks
 from calroute.types import PREFIX_BLOCK_TOKENS, RequestSpec, RequestStatus, SloClass
 from tests.engines.http import request
 from tests.proxy.harness import RunningProxy

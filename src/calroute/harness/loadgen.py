@@ -47,8 +47,8 @@ import numpy as np
 
 from calroute.errors import ConfigError
 from calroute.harness.prompts import ids_json, prompt_json
-from calroute.proxy.generate import CACHED_TOKENS_HEADER
 from calroute.proxy.oracle import ORACLE_HEADER
+from calroute.proxy.prefix import CACHED_TOKENS_HEADER
 from calroute.results.records import RequestRecord
 from calroute.types import RequestSpec, RequestStatus, SloClass
 from calroute.workload.tokens import prompt_token_ids

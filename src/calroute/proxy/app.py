@@ -50,7 +50,7 @@ class Proxy:
         self.ledger = Ledger(cfg.cluster.instance_specs(), cfg.calibration)
         self.policy_params: dict[str, Any] = dict(cfg.policy_params)
         # The prefix index is bounded by the engines' KV capacities (PrefixIndex), and keyed in the
-        # emulator's block size and hashes (generate.prompt_blocks).
+        # emulator's block size and hashes (prefix.prompt_blocks).
         block_tokens = cfg.cluster.block_tokens or BLOCK_TOKENS
         self.prefix = PreciseIndex(cfg.cluster.instance_specs(), block_tokens) if cfg.prefix_index else None
         self.router = build_router(

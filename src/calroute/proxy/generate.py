@@ -23,8 +23,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from calroute.engines import handoff
-from calroute.engines.api import ApiError, prompt_token_ids
-from calroute.engines.kvcache import BLOCK_TOKENS
 from calroute.errors import NoCandidateError
 from calroute.proxy.config import SLOW_STEPS_PER_TOKEN, ProxyConfig
 from calroute.proxy.engine_client import EngineAnswer, EngineClient, UpstreamError
@@ -36,37 +34,22 @@ from calroute.proxy.http.client import UnsafeRequest
 from calroute.proxy.http.messages import Request, Response, Stream
 from calroute.proxy.kv_events import KvEventSubscriber
 from calroute.proxy.metrics import ProxyMetrics
+from calroute.proxy.prefix import CACHED_TOKENS_HEADER, cached_tokens, prompt_blocks
 from calroute.proxy.prompt_length import PromptLength
 from calroute.proxy.relay import StreamRelay
 from calroute.proxy.signals import Signals
 from calroute.results.records import RecordWriter
-from calroute.routing.block_hash import block_hashes as chained_block_hashes
 from calroute.routing.router import Router
 from calroute.types import RequestStatus
 
 logger = logging.getLogger(__name__)
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-# On a streamed answer: the prompt tokens the prefill engine served from its prefix cache, as it said (the
-# client's view of prefix reuse; the load generator records it, harness/loadgen.py).
-CACHED_TOKENS_HEADER = "x-calroute-cached-tokens"
 # What the client reads when engines failed it: never which engine, its address or the exception.
 ENGINES_FAILED = "the engines could not serve this request"
 STREAM_BROKE = "the decode engine broke off the stream"
 NOT_SENT = "the proxy could not send this request to an engine"
 ENGINE_REFUSED = "the engine refused this request"
-
-
-def _cached_tokens(out: dict[str, Any], kv: Any) -> int:
-    """What the prefill engine served from its prefix cache: vLLM's (and OpenAI's)
-    ``usage.prompt_tokens_details.cached_tokens`` where the engine reports it (vLLM with
-    --enable-prompt-tokens-details), else the emulator's ``kv_transfer_params.remote_prefill_cached_tokens``;
-    0 when neither is a count."""
-    details = out.get("usage", {}).get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    if cached is None and isinstance(kv, dict):
-        cached = kv.get("remote_prefill_cached_tokens")
-    return cached if isinstance(cached, int) and not isinstance(cached, bool) and cached >= 0 else 0
 
 
 def _failed(engine_id: str, phase: str, e: BaseException) -> EngineFailed:
@@ -260,7 +243,7 @@ class Generation:
         self.prompt_length.learn(f.prompt_chars, prompt_tokens)
         f.prompt_tokens = prompt_tokens
         kv = out.get("kv_transfer_params")
-        f.cached_tokens = _cached_tokens(out, kv)
+        f.cached_tokens = cached_tokens(out, kv)
         if (
             self.kv_events is not None
             and self.router.prefix is not None
@@ -440,16 +423,3 @@ class Generation:
             self.metrics.ttft.observe(rec.ttft_s)
             if f.output_tokens >= 2 and rec.tpot_s is not None:
                 self.metrics.tpot.observe(rec.tpot_s)
-
-
-def prompt_blocks(body: dict[str, Any], chat: bool, block_tokens: int = BLOCK_TOKENS) -> list[int]:
-    """The prompt's full blocks of ``block_tokens`` (the engines' block size), hashed as the emulator hashes
-    them (routing/block_hash.py) from the token ids it would prefill (its tokenizer for text, the ids as
-    given otherwise). Measured on this machine: about 2 ms to tokenize an 8k-token text prompt (its pieces
-    memoised) and 0.1 ms to hash its 512 blocks. Real vLLM tokenizes text with its own tokenizer, which the
-    proxy does not load: there only token-id prompts hash as the engine does. A body the engine would refuse
-    has no blocks: the engine's 400 is the answer, not a routing question."""
-    try:
-        return chained_block_hashes(prompt_token_ids(body, chat), block_tokens)
-    except (ApiError, ValueError):
-        return []
