@@ -19,7 +19,7 @@ class BackendKind(StrEnum):
 
 
 def experiment(
-    name: Annotated[str, typer.Argument(help="an experiment name, or all")],
+    name: Annotated[str, typer.Argument(help="an experiment name, or all: the paper's (prefix by name)")],
     backend: Annotated[BackendKind, typer.Option(help="where to run it")] = BackendKind.sim,
     quick: Annotated[bool, typer.Option(help="small and fast: one seed, fewer points and requests")] = False,
     out: Annotated[Path, typer.Option(help="results directory (resumable: finished cells are kept)")] = Path(
@@ -41,14 +41,14 @@ def experiment(
     slo: Annotated[str, typer.Option(help=SLO_HELP)] = SLO_DEFAULT,
 ) -> None:
     """Run one of the paper's experiments (or all) and write its results and report section."""
-    from calroute.experiments import EXPERIMENTS, get_experiment
+    from calroute.experiments import PAPER_EXPERIMENTS, get_experiment
     from calroute.experiments.backends import Backend, SimBackend
     from calroute.experiments.report import write_report
     from calroute.experiments.runner import Scale, run_experiment, scale_for
 
     with exit_on_error():
         slo_spec = slo_option(slo)
-        names = list(EXPERIMENTS) if name == "all" else [get_experiment(name).name]
+        names = list(PAPER_EXPERIMENTS) if name == "all" else [get_experiment(name).name]
         default = scale_for(backend.value, quick)
         if (requests is not None and requests < 1) or (seeds is not None and seeds < 1):
             raise ConfigError(f"--requests and --seeds must be >= 1, got {requests}, {seeds}")

@@ -34,6 +34,10 @@ EXPERIMENTS: dict[str, Experiment] = {
 }
 
 
+# What `calroute experiment all` runs: the paper's experiments. The others (prefix) run by name.
+PAPER_EXPERIMENTS: tuple[str, ...] = tuple(name for name in EXPERIMENTS if name != "prefix")
+
+
 def get_experiment(name: str) -> Experiment:
     if name not in EXPERIMENTS:
         raise ConfigError(f"unknown experiment {name!r}; known: {', '.join(EXPERIMENTS)}, all")
