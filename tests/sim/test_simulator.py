@@ -297,3 +297,15 @@ def test_kv_events_need_a_prefix_index() -> None:
     )
     with pytest.raises(ConfigError, match="prefix index"):
         ClusterSim(PROFILE, shape, router, "round_robin", kv_event_delay_s=0.01)
+
+
+def test_a_request_that_fits_the_kv_budget_but_not_under_the_watermark_is_served() -> None:
+    # 7,954 + 20 tokens fit 8,000 of KV, not the 7,920 under the 1 % watermark: an idle decode engine takes it
+    # (found by test_invariants: it waited forever)
+    from dataclasses import replace
+
+    profile = replace(PROFILE, limits=replace(PROFILE.limits, kv_capacity_tokens=8000))
+    records, _ = run(
+        [RequestSpec("big", 0.1, 7954, 20, SloClass.LOOSE)], "round_robin", ClusterShape(1, 1), profile
+    )
+    assert [r.status for r in records] == [RequestStatus.OK]

@@ -209,7 +209,10 @@ class DecodeInstance:
             need = req.recompute_tokens or req.prompt_tokens
             n = len(running)
             used = self._prompt_sum + n * (steps + 1) - self._join_sum + self._reserved + 1
-            if used + need > admit_limit or n + self._transferring + len(self._joiners) >= self._max_seqs:
+            busy = n + self._transferring + len(self._joiners)
+            # The watermark keeps room for running requests to grow; an idle engine has none to keep, and a
+            # request that fits its whole budget (the admission check) must be served, or it waits forever.
+            if (used + need > admit_limit and (busy or used + need > cap)) or busy >= self._max_seqs:
                 break
             waiting.popleft()
             if req.recompute_tokens:
