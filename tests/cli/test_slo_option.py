@@ -19,8 +19,8 @@ from calroute.costmodel.slo import resolve_slo
 from calroute.experiments.backends import SimBackend
 from calroute.experiments.cells import CellResult, Run
 from calroute.experiments.live import LiveBackend
-from calroute.proxy.config import ProxyConfig
 from calroute.results.metrics import summarize
+from tests.cli.test_serve import serve as serve_config
 from tests.conftest import unreachable_cluster
 
 CAL = get_profile(DEFAULT_PROFILE).calibration
@@ -50,21 +50,8 @@ def simulate(
 def serve(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slo: list[str]
 ) -> tuple[int, str, SloTargets | None]:
-    cluster = tmp_path / "cluster.yaml"
-    unreachable_cluster(1, 1).save(cluster)
-    seen: list[ProxyConfig] = []
-
-    class FakeProxy:
-        def __init__(self, cfg: ProxyConfig) -> None:
-            seen.append(cfg)
-
-        async def stop(self) -> None:
-            pass
-
-    monkeypatch.setattr("calroute.proxy.app.Proxy", FakeProxy)
-    monkeypatch.setattr("calroute.aio.run_until_signalled", lambda *a, **kw: None)
-    res = CliRunner().invoke(app, ["serve", "--cluster", str(cluster), *slo])
-    return res.exit_code, res.stderr, seen[0].calibration.slo if seen else None
+    code, stderr, seen = serve_config(tmp_path, monkeypatch, *slo)
+    return code, stderr, seen[0].calibration.slo if seen else None
 
 
 def _capture_run_experiment(

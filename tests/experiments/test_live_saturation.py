@@ -14,6 +14,7 @@ import pytest
 from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile
 from calroute.experiments import live
 from calroute.experiments.backends import SimBackend
+from calroute.experiments.cells import SaturationQuery
 from calroute.experiments.live import LiveBackend
 from calroute.harness.live import LiveRun, LiveSetup
 from calroute.results.metrics import RunSummary
@@ -61,12 +62,14 @@ def _backend(
 def test_live_search_starts_at_half_the_calibrated_simulators_rate(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, mode: str, collapse_at_sim_fraction: float
 ) -> None:
-    sim_rps = SimBackend(get_profile(DEFAULT_PROFILE)).saturation_rate(2, 4, "mixed-bursty", REQUESTS)
+    sim_rps = SimBackend(get_profile(DEFAULT_PROFILE)).saturation_rate(
+        SaturationQuery(2, 4, "mixed-bursty", REQUESTS)
+    )
     collapse_rps = collapse_at_sim_fraction * sim_rps
     probed: list[float] = []
     backend = _backend(monkeypatch, tmp_path, mode, lambda rate: 0.95 if rate < collapse_rps else 0.5, probed)
 
-    rate = backend.saturation_rate(2, 4, "mixed-bursty", REQUESTS)
+    rate = backend.saturation_rate(SaturationQuery(2, 4, "mixed-bursty", REQUESTS))
     if mode == "sim":
         assert probed == [] and rate == pytest.approx(sim_rps)
         return
@@ -82,7 +85,7 @@ def test_live_search_starts_at_half_the_calibrated_simulators_rate(
 def test_a_workload_that_misses_the_target_unloaded_is_not_probed_at_hour_long_rates(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, live_unloaded_goodput: float | None, relative_to: str
 ) -> None:
-    sim = SimBackend(get_profile(DEFAULT_PROFILE)).saturation(2, 4, "document", REQUESTS)
+    sim = SimBackend(get_profile(DEFAULT_PROFILE)).saturation(SaturationQuery(2, 4, "document", REQUESTS))
     assert sim.relative and sim.target < 0.85  # long tight-SLO prompts miss TTFT even unloaded
     unloaded = sim.target / 0.85 if live_unloaded_goodput is None else live_unloaded_goodput
     collapse_rps = 0.8 * sim.rate_rps
@@ -92,7 +95,7 @@ def test_a_workload_that_misses_the_target_unloaded_is_not_probed_at_hour_long_r
         return unloaded if rate < collapse_rps else 0.5 * unloaded
 
     rate = _backend(monkeypatch, tmp_path, "live", goodput_at, probed).saturation_rate(
-        2, 4, "document", REQUESTS
+        SaturationQuery(2, 4, "document", REQUESTS)
     )
     start_rps = sim.rate_rps / 2
     assert min(probed) >= start_rps / 8 * 0.999  # the live floor, not the simulator's 1/64

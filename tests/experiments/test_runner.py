@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from calroute.experiments.cells import Cell, CellResult, Run
+from calroute.experiments.cells import Cell, CellResult, Run, SaturationQuery
 from calroute.experiments.runner import Scale, run_experiment
 from calroute.results.metrics import RunSummary
 from calroute.routing.variant import Variant
@@ -20,17 +20,9 @@ class FakeBackend:
         self.searched: list[str] = []
         self.rates: list[float] = []
 
-    def saturation_rate(
-        self,
-        prefill: int,
-        decode: int,
-        workload: str,
-        requests: int,
-        policy: str = "round_robin",
-        trace_windows: int = 1,
-    ) -> float:
-        self.searched.append(policy)
-        return CROSSING_RPS[policy]
+    def saturation_rate(self, query: SaturationQuery) -> float:
+        self.searched.append(query.policy)
+        return CROSSING_RPS[query.policy]
 
     def run_cell(
         self,

@@ -17,7 +17,7 @@ from calroute.cli.common import err, load_profile, print_table
 from calroute.engines.launch import up_emulated
 from calroute.experiments.backends import SimBackend
 from calroute.experiments.base import goodput_table, latency_cdfs
-from calroute.experiments.cells import Cell, CellResult, Run, baselines_and_product
+from calroute.experiments.cells import Cell, CellResult, Run, SaturationQuery, baselines_and_product
 from calroute.experiments.compare import RunResult
 from calroute.experiments.live import LiveBackend
 from calroute.harness.gates import require_gates
@@ -66,7 +66,7 @@ def run_demo(out_dir: Path, live_seeds: int = 1) -> Path:
         )
         sim = SimBackend(load_profile(calibration=cal))
         # the live runs' length: saturation depends on how long bursts have to build queues
-        rate = sim.saturation_rate(2, 4, "mixed-bursty", LIVE_REQUESTS)
+        rate = sim.saturation_rate(SaturationQuery(2, 4, "mixed-bursty", LIVE_REQUESTS))
         say(f"saturation on the calibrated simulator: round_robin crosses 0.85 at {rate:.2f} req/s")
         cell = Cell("2P4D", 2, 4, "mixed-bursty", baselines_and_product())
         sim_runs = sim.run_cell(

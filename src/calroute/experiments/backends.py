@@ -12,7 +12,7 @@ from calroute.costmodel.calibration import Calibration, mismatched
 from calroute.costmodel.profiles import HardwareProfile
 from calroute.costmodel.slo import PAPER, PRESETS, SloSpec, with_slo
 from calroute.errors import ConfigError
-from calroute.experiments.cells import Cell, Run
+from calroute.experiments.cells import Cell, Run, SaturationQuery
 from calroute.experiments.compare import SimSetup, saturate, simulate_run
 from calroute.experiments.saturation import SaturationResult
 from calroute.routing.variant import Variant
@@ -23,16 +23,8 @@ from calroute.workload.source import workload_source
 class Backend(Protocol):
     name: str
 
-    def saturation_rate(
-        self,
-        prefill: int,
-        decode: int,
-        workload: str,
-        requests: int,
-        policy: str = "round_robin",
-        trace_windows: int = 1,
-    ) -> float:
-        """The rate at which ``policy``'s goodput crosses 0.85 on this setup."""
+    def saturation_rate(self, query: SaturationQuery) -> float:
+        """The rate at which the query's policy's goodput crosses 0.85 on its setup."""
         ...
 
     def run_cell(
@@ -80,31 +72,15 @@ class SimBackend:
             online_calibration=variant.router == "online",
         )
 
-    def saturation_rate(
-        self,
-        prefill: int,
-        decode: int,
-        workload: str,
-        requests: int,
-        policy: str = "round_robin",
-        trace_windows: int = 1,
-    ) -> float:
-        return self.saturation(prefill, decode, workload, requests, policy, trace_windows).rate_rps
+    def saturation_rate(self, query: SaturationQuery) -> float:
+        return self.saturation(query).rate_rps
 
-    def saturation(
-        self,
-        prefill: int,
-        decode: int,
-        workload: str,
-        requests: int,
-        policy: str = "round_robin",
-        trace_windows: int = 1,
-    ) -> SaturationResult:
-        setup = self._setup(prefill, decode, Variant(policy, policy))
+    def saturation(self, q: SaturationQuery) -> SaturationResult:
+        setup = self._setup(q.prefill, q.decode, Variant(q.policy, q.policy))
         return saturate(
             setup,
-            workload_source(workload, requests, trace_windows=trace_windows),
-            reference_policy=policy,
+            workload_source(q.workload, q.requests, trace_windows=q.trace_windows),
+            reference_policy=q.policy,
             seeds=SATURATION_SEEDS,
         )
 

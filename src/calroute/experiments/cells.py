@@ -42,6 +42,27 @@ class Cell:
 
 
 @dataclass(frozen=True)
+class SaturationQuery:
+    """A saturation search: on this cluster shape and workload, the rate at which ``policy``'s goodput
+    crosses the target (a trace replayed in ``trace_windows`` windows, workload/source.py)."""
+
+    prefill: int
+    decode: int
+    workload: str
+    requests: int
+    policy: str = "round_robin"
+    trace_windows: int = 1
+
+    @property
+    def key(self) -> str:
+        """How the runner files the answer (round_robin's key is the one saved before other policies could
+        be searched on)."""
+        windows = "" if self.trace_windows == 1 else f":windows={self.trace_windows}"
+        policy = "" if self.policy == "round_robin" else f":{self.policy}"
+        return f"{self.prefill}P{self.decode}D:{self.workload}{windows}{policy}"
+
+
+@dataclass(frozen=True)
 class Run:
     label: str
     seed: int

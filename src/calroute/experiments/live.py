@@ -17,7 +17,7 @@ from calroute.costmodel.slo import PAPER, PRESETS, SloSpec, with_slo
 from calroute.engines import launch
 from calroute.engines.cluster import ClusterFile
 from calroute.errors import ConfigError
-from calroute.experiments.cells import Cell, Run
+from calroute.experiments.cells import Cell, Run, SaturationQuery
 from calroute.experiments.saturation import find_saturation
 from calroute.harness.gates import require_gates
 from calroute.harness.live import LiveSetup, run_variant
@@ -108,22 +108,13 @@ class LiveBackend:
             )
         return Run(variant.label, seed, live.summary)
 
-    def saturation_rate(
-        self,
-        prefill: int,
-        decode: int,
-        workload: str,
-        requests: int,
-        policy: str = "round_robin",
-        trace_windows: int = 1,
-    ) -> float:
+    def saturation_rate(self, query: SaturationQuery) -> float:
         from calroute.costmodel.profiles import profile_from_calibration
         from calroute.experiments.backends import SimBackend
 
-        setup = self.setup_for(prefill, decode)
-        sim = SimBackend(profile_from_calibration(setup.calibration)).saturation(
-            prefill, decode, workload, requests, policy, trace_windows
-        )
+        q = query
+        setup = self.setup_for(q.prefill, q.decode)
+        sim = SimBackend(profile_from_calibration(setup.calibration)).saturation(q)
         if self.saturation == "sim":
             self.progress(
                 f"  saturation on the simulator calibrated to this cluster: {sim.rate_rps:.2f} req/s"
@@ -141,21 +132,23 @@ class LiveBackend:
             f"  live search from {start_rps:.2f} req/s, half the calibrated simulator's "
             f"{sim.rate_rps:.2f}{note}"
         )
-        suffix = "" if policy == "round_robin" else f"-{policy}"
-        probes_dir = self.work_dir / f"{prefill}P{decode}D" / f"saturation-{Path(workload).name}{suffix}"
+        suffix = "" if q.policy == "round_robin" else f"-{q.policy}"
+        probes_dir = (
+            self.work_dir / f"{q.prefill}P{q.decode}D" / f"saturation-{Path(q.workload).name}{suffix}"
+        )
 
         def measure(rate: float) -> float:
             run = self._run(
                 setup,
-                Variant(policy, policy),
-                workload,
-                requests,
+                Variant(q.policy, q.policy),
+                q.workload,
+                q.requests,
                 rate,
                 0,
                 probes_dir / f"rate-{rate:.4f}",
-                trace_windows,
+                q.trace_windows,
             )
-            self.progress(f"  probe {rate:.2f} req/s: {policy} goodput {run.summary.goodput:.3f}")
+            self.progress(f"  probe {rate:.2f} req/s: {q.policy} goodput {run.summary.goodput:.3f}")
             return run.summary.goodput
 
         return find_saturation(

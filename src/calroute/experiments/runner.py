@@ -18,7 +18,7 @@ from typing import Any
 from calroute.costmodel.slo import PAPER, PRESETS, SloSpec
 from calroute.experiments.backends import Backend
 from calroute.experiments.base import Experiment
-from calroute.experiments.cells import CellResult, Run
+from calroute.experiments.cells import CellResult, Run, SaturationQuery
 
 
 @dataclass(frozen=True)
@@ -111,15 +111,11 @@ def run_experiment(
             rates: dict[str, float] = {}
             slo_key = "" if slo.is_paper else f":slo={slo.key}"
             for policy in dict.fromkeys((*cell.saturate_on, *cell.measure_saturation_of)):
-                # round_robin's key is the one saved before other policies could be searched on
-                policy_key = "" if policy == "round_robin" else f":{policy}"
-                windows = "" if cell.trace_windows == 1 else f":windows={cell.trace_windows}"
-                key = f"{p}P{d}D:{cell.workload}{windows}{policy_key}{slo_key}"
+                query = SaturationQuery(p, d, cell.workload, scale.requests, policy, cell.trace_windows)
+                key = query.key + slo_key
                 if key not in saturation:
                     progress(f"{exp.name}: saturation search on {key}")
-                    saturation[key] = backend.saturation_rate(
-                        p, d, cell.workload, scale.requests, policy, cell.trace_windows
-                    )
+                    saturation[key] = backend.saturation_rate(query)
                     _write_json(sat_path, saturation)
                 rates[policy] = saturation[key]
             if cell.measure_saturation_of:
