@@ -30,7 +30,8 @@ ROOT_MODULES = {
 # Lowest first. A part imports only parts of lower layers (and itself): parts of one layer are independent.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("__init__", "types", "errors", "aio"),
-    ("costmodel", "workload", "report"),  # report/: plots from numbers, nothing of calroute above the root
+    # report/: plots from numbers, nothing of calroute above the root; executors/: where work runs
+    ("costmodel", "workload", "report", "executors"),
     ("policies", "results"),
     ("routing",),  # router, ledger, seeds: what the simulator and the proxy share
     ("sim", "engines"),
