@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from calroute.results.stats import paired_difference
+from calroute.results.stats import paired_difference, t_quantile_975, traces_to_resolve
 
 
 @pytest.mark.parametrize(
@@ -41,3 +41,49 @@ def test_intervals_are_reproducible_and_pairs_must_match() -> None:
 
 def test_one_pair_is_described_without_an_interval() -> None:
     assert paired_difference([0.9], [0.85]).describe() == "+0.050 (n = 1, no interval)"
+
+
+@pytest.mark.parametrize(
+    ("df", "t"),
+    # Student's t 0.975 quantiles from published tables, on both sides of the table's end at 30
+    [(1, 12.706), (2, 4.303), (10, 2.228), (30, 2.042), (31, 2.0395), (40, 2.0211), (120, 1.9799)],
+)
+def test_t_quantile(df: int, t: float) -> None:
+    assert t_quantile_975(df) == pytest.approx(t, abs=2e-4)
+
+
+def test_t_quantile_needs_a_degree_of_freedom() -> None:
+    with pytest.raises(ValueError, match="degrees of freedom"):
+        t_quantile_975(0)
+
+
+@pytest.mark.parametrize(
+    ("mean", "sd", "n"),
+    [
+        # n = 15: t(14) 2.145 x 2.8 / sqrt(15) = 1.551 < 1.6; at 14, 2.160 x 2.8 / sqrt(14) = 1.616 does not
+        (-1.6, 2.8, 15),
+        (1.6, 2.8, 15),  # the sign does not matter
+        (0.1, 2.0, 1540),  # about (1.96 x 2 / 0.1)^2 = 1537, plus t's extra width
+        (1.0, 0.0, 2),  # no spread: the smallest n with an interval
+        (0.0, 1.0, None),  # nothing to resolve
+        (1.0, None, None),  # one pair: no spread to plan from
+    ],
+)
+def test_traces_to_resolve(mean: float, sd: float | None, n: int | None) -> None:
+    assert traces_to_resolve(mean, sd) == n
+
+
+def test_the_planned_n_is_the_first_whose_interval_is_narrower_than_the_gap() -> None:
+    mean, sd = 0.7, 1.9
+    n = traces_to_resolve(mean, sd)
+    assert n is not None
+    assert t_quantile_975(n - 1) * sd / n**0.5 < mean <= t_quantile_975(n - 2) * sd / (n - 1) ** 0.5
+
+
+def test_a_paired_difference_knows_its_spread_and_what_would_resolve_it() -> None:
+    # marginal_cost minus least_loaded on the three traces of the live 800-request run: -4.3, +1.0, -1.7
+    d = paired_difference([-4.3, 1.0, -1.7], [0.0, 0.0, 0.0])
+    assert d.verdict == "within noise (n = 3)"
+    assert d.sd == pytest.approx(2.65, abs=0.01)
+    assert d.to_resolve == traces_to_resolve(d.mean, d.sd) == 13
+    assert paired_difference([0.9], [0.85]).to_resolve is None

@@ -1,10 +1,12 @@
 """Paired comparisons: the mean difference over matched runs (same seed or trace window), with a 95 %
 percentile-bootstrap interval, and the project's rule for calling it (docs/experiments.md): a win or a loss
-only where the interval excludes zero, otherwise "within noise", always with its n.
+only where the interval excludes zero, otherwise "within noise", always with its n; and, for a difference
+within noise, how many pairs would resolve it if the observed mean and spread held.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -14,6 +16,15 @@ import numpy as np
 _BOOTSTRAP_SEED = 20_261_202
 _BOOTSTRAP_SAMPLES = 10_000
 
+# Student's t, two-sided 95 % (the 0.975 quantile), for 1..30 degrees of freedom; past 30 the Cornish-Fisher
+# expansion around the normal quantile is within 1e-4 of it (numpy has no t quantile; scipy is not needed).
+_T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+_Z975 = 1.959964
+
 
 @dataclass(frozen=True)
 class PairedDiff:
@@ -21,6 +32,7 @@ class PairedDiff:
     low: float  # 95 % interval
     high: float
     n: int
+    sd: float | None = None  # sample standard deviation of the pairs' differences (None for one pair)
 
     @property
     def verdict(self) -> str:
@@ -29,6 +41,12 @@ class PairedDiff:
         if self.n >= 2 and self.high < 0:
             return "loss"
         return f"within noise (n = {self.n})"
+
+    @property
+    def to_resolve(self) -> int | None:
+        """How many pairs would resolve this difference (traces_to_resolve); None without a spread to
+        plan from."""
+        return traces_to_resolve(self.mean, self.sd)
 
     def describe(self, digits: int = 3) -> str:
         f = f"{{:+.{digits}f}}"
@@ -51,4 +69,40 @@ def paired_difference(a: Sequence[float], b: Sequence[float]) -> PairedDiff:
     idx = rng.integers(0, len(d), size=(_BOOTSTRAP_SAMPLES, len(d)))
     means = d[idx].mean(axis=1)
     low, high = np.percentile(means, [2.5, 97.5])
-    return PairedDiff(mean, float(low), float(high), len(d))
+    return PairedDiff(mean, float(low), float(high), len(d), float(d.std(ddof=1)))
+
+
+def t_quantile_975(df: int) -> float:
+    """The 0.975 quantile of Student's t with ``df`` degrees of freedom (a 95 % two-sided interval)."""
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be at least 1, got {df}")
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = _Z975
+    return (
+        z
+        + (z**3 + z) / (4 * df)
+        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
+    )
+
+
+def traces_to_resolve(mean: float, sd: float | None) -> int | None:
+    """The smallest number of pairs n (at least 2) whose 95 % t interval, mean +- t(n-1) sd / sqrt(n), is
+    narrower than |mean|: how many traces or seeds it would take to call a difference of this size and
+    spread a win or a loss.
+
+    A planning figure, read from the observed paired mean and sample sd: if those are the truth, an
+    interval from that many pairs excludes zero about half the time (more pairs for more certainty). The
+    bootstrap's percentile interval is a little narrower than the t interval at small n, so this errs
+    high. None where nothing can be planned: a zero mean, or no spread measured (one pair).
+    """
+    if sd is None or math.isnan(sd) or math.isnan(mean) or mean == 0:
+        return None
+    if sd == 0:
+        return 2
+    # t(n-1) > z, so no n below (z sd / mean)^2 can do: start there rather than count up from 2
+    n = max(2, math.floor((_Z975 * sd / abs(mean)) ** 2))
+    while t_quantile_975(n - 1) * sd / math.sqrt(n) >= abs(mean):
+        n += 1
+    return n
