@@ -44,7 +44,7 @@ def mean(xs: Sequence[float | None]) -> float | None:
 def paired_gap(cell: CellResult, label: str, best: str) -> str:
     """``label`` minus ``best`` in goodput points, paired by seed (the same arrival trace): the mean, its
     95 % bootstrap interval, n, and the verdict (results/stats.py: a loss only where the interval excludes
-    zero, else "within noise").
+    zero, else "within noise"); within noise, how many traces would resolve a gap of this size and spread.
 
     The seeds' spread mixes how hard each trace is with run-to-run noise; the paired difference removes the
     first, so a gap that changes sign across traces reads as the tie it is.
@@ -56,7 +56,9 @@ def paired_gap(cell: CellResult, label: str, best: str) -> str:
         return "-"
     if len(diffs) == 1:
         return f"{diffs[0]:+.1f} (n = 1)"
-    return paired_difference(diffs, [0.0] * len(diffs)).describe(digits=1)
+    d = paired_difference(diffs, [0.0] * len(diffs))
+    needed = d.to_resolve if d.verdict not in ("win", "loss") else None
+    return d.describe(digits=1) + ("" if needed is None else f"; needs n = {needed}")
 
 
 def goodput_table(

@@ -1,4 +1,5 @@
-"""`calroute report DIR`: every experiment's section, regenerated from its saved results, in one file."""
+"""`calroute report DIR`: every experiment's section, regenerated from its saved results, in one file (and
+in each experiment's own report.md, so the two never disagree)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,14 @@ from calroute.experiments import EXPERIMENTS
 from calroute.experiments.base import judged_slo
 from calroute.experiments.cells import CellResult
 from calroute.experiments.runner import scale_for
+
+PAIRED_NOTE = (
+    '"vs best, paired": the variant minus the cell\'s best variant in goodput points, paired by seed '
+    "(the same arrival trace): the mean, its 95 % bootstrap interval, n, and a win or loss only where the "
+    'interval excludes zero, else "within noise"; there, "needs n = K" is how many traces would give an '
+    "interval narrower than a gap of that size and spread (results/stats.py). With 3 seeds the interval is "
+    "the range of the three differences: a loss means behind on every trace."
+)
 
 
 def write_report(directory: Path) -> Path:
@@ -43,9 +52,10 @@ def write_report(directory: Path) -> Path:
             first = manifest["cells"][0]
             shape = f"{first['prefill']}P{first['decode']}D"
             slo_note = f"SLO `{slo_name}` ({shape}): {describe_slo(judged_slo(exp_dir, shape))}.\n"
+        section = exp.report(results, exp_dir)
+        (exp_dir / "report.md").write_text(section)
         sections.append(
-            exp.report(results, exp_dir)
-            + f"\n{slo_note}Command: `{command} --out {manifest.get('out', directory.parent)}`; "
+            section + f"\n{slo_note}Command: `{command} --out {manifest.get('out', directory.parent)}`; "
             f"commit {manifest.get('git_commit') or '-'}; "
             f"{manifest['scale']['requests']} requests per run, seeds {manifest['scale']['seeds']}.\n"
         )
@@ -55,7 +65,9 @@ def write_report(directory: Path) -> Path:
     path.write_text(
         f"# calroute experiments ({directory.name})\n\nThe paper's experiments (shared/reference/"
         "paper-notes.md section 4) with the paper's figures beside ours where it gives them. Goodput: the "
-        "fraction of requests meeting both SLO targets of their class; the best mean per cell is in bold.\n\n"
+        "fraction of requests meeting both SLO targets of their class; the best mean per cell is in bold. "
+        + PAIRED_NOTE
+        + "\n\n"
         + "\n".join(sections)
     )
     return path
