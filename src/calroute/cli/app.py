@@ -33,7 +33,7 @@ app.command("profile")(profile_cmd)
 @app.command()
 def demo(
     out_dir: Annotated[Path, typer.Option("--out", help="where the report goes")] = Path("out/demo"),
-    seeds: Annotated[int, typer.Option(help="arrival traces run live (the simulator always runs 3)")] = 1,
+    seeds: Annotated[int, typer.Option(help="arrival traces, run live and on the simulator")] = 1,
 ) -> None:
     """The main job: a calibrated 2P+4D emulated cluster, the four policies live through the proxy."""
     from calroute.cli.demo import run_demo
