@@ -66,6 +66,8 @@ def test_t_quantile_needs_a_degree_of_freedom() -> None:
         (0.1, 2.0, 1540),  # about (1.96 x 2 / 0.1)^2 = 1537, plus t's extra width
         (1.0, 0.0, 2),  # no spread: the smallest n with an interval
         (0.0, 1.0, None),  # nothing to resolve
+        (-1e-16, 0.8, None),  # nor in a zero that float arithmetic left
+        (0.001, 2.0, 15_365_838),  # (1.96 x 2 / 0.001)^2 = 15,365,835.5, plus t's (z^2 + 1) / 2
         (1.0, None, None),  # one pair: no spread to plan from
     ],
 )
@@ -87,3 +89,11 @@ def test_a_paired_difference_knows_its_spread_and_what_would_resolve_it() -> Non
     assert d.sd == pytest.approx(2.65, abs=0.01)
     assert d.to_resolve == traces_to_resolve(d.mean, d.sd) == 13
     assert paired_difference([0.9], [0.85]).to_resolve is None
+
+
+def test_counting_up_and_the_closed_form_agree_where_they_meet() -> None:
+    sd = 2.0
+    below = traces_to_resolve(1.959964 * sd / 99_000**0.5, sd)  # counted up from the normal figure
+    above = traces_to_resolve(1.959964 * sd / 101_000**0.5, sd)  # the closed form
+    assert below is not None and above is not None
+    assert below - 99_000 == above - 101_000 == 3

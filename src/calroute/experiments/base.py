@@ -58,7 +58,7 @@ def paired_gap(cell: CellResult, label: str, best: str) -> str:
         return f"{diffs[0]:+.1f} (n = 1)"
     d = paired_difference(diffs, [0.0] * len(diffs))
     needed = d.to_resolve if d.verdict not in ("win", "loss") else None
-    return d.describe(digits=1) + ("" if needed is None else f"; needs n = {needed}")
+    return d.describe(digits=1) + ("" if needed is None else f"; needs n = {needed:,}")
 
 
 def goodput_table(

@@ -24,6 +24,7 @@ _T975 = (
     2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
 )  # fmt: skip
 _Z975 = 1.959964
+_COUNT_UP_TO = 100_000  # past this many pairs, traces_to_resolve uses the closed form
 
 
 @dataclass(frozen=True)
@@ -97,12 +98,18 @@ def traces_to_resolve(mean: float, sd: float | None) -> int | None:
     bootstrap's percentile interval is a little narrower than the t interval at small n, so this errs
     high. None where nothing can be planned: a zero mean, or no spread measured (one pair).
     """
-    if sd is None or math.isnan(sd) or math.isnan(mean) or mean == 0:
+    # a mean a billionth of the spread is a zero that float arithmetic left (it would need 1e18 pairs)
+    if sd is None or math.isnan(sd) or math.isnan(mean) or abs(mean) <= 1e-9 * sd:
         return None
     if sd == 0:
         return 2
     # t(n-1) > z, so no n below (z sd / mean)^2 can do: start there rather than count up from 2
-    n = max(2, math.floor((_Z975 * sd / abs(mean)) ** 2))
+    normal = (_Z975 * sd / abs(mean)) ** 2
+    if normal > _COUNT_UP_TO:
+        # t(n-1) = z (1 + (z^2 + 1) / 4n + ...) adds (z^2 + 1) / 2 pairs to the normal figure, and counting
+        # up one by one would take as many steps as there are pairs
+        return math.ceil(normal + (_Z975**2 + 1) / 2)
+    n = max(2, math.floor(normal))
     while t_quantile_975(n - 1) * sd / math.sqrt(n) >= abs(mean):
         n += 1
     return n
