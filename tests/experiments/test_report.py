@@ -44,3 +44,45 @@ def test_the_report_refreshes_each_section_with_intervals_and_what_would_resolve
     # -0.2, -0.7, +0.6 points: mean -0.1, sd 0.66: 168 traces for an interval narrower than 0.1 point
     assert "-0.1 [-0.7, +0.6] n=3 within noise (n = 3); needs n = 168 |" in rows["marginal_cost"]
     assert "| - |" in rows["round_robin"]
+
+
+def _cell(key: str, goodputs: dict[str, list[float]]) -> CellResult:
+    runs = tuple(Run(label, s, _summary(g)) for label, gs in goodputs.items() for s, g in enumerate(gs))
+    return CellResult(key, "emulated", 16.35, runs)
+
+
+def test_the_ablation_summary_gives_each_change_its_interval(tmp_path: Path) -> None:
+    from calroute.experiments import EXPERIMENTS
+
+    cell = _cell(
+        "saturated",
+        {
+            "full": [0.858, 0.890, 0.825],
+            "no-slo": [0.877, 0.873, 0.853],  # +1.9, -1.7, +2.8: within noise
+            "no-prompt-length": [0.848, 0.880, 0.815],  # -1.0 on every trace: a loss
+        },
+    )
+    summary = EXPERIMENTS["ablation"].report([cell], tmp_path).split("\n\n")[1]
+    assert "no-slo +1.0 [-1.7, +2.8] n=3 within noise (n = 3); needs n = " in summary
+    assert "no-prompt-length -1.0 [-1.0, -1.0] n=3 loss" in summary
+
+
+def test_the_failure_regions_summary_pairs_ours_with_the_best_baseline(tmp_path: Path) -> None:
+    from calroute.experiments import EXPERIMENTS
+
+    cell = _cell(
+        "mixed-bursty",
+        {
+            "round_robin": [0.860, 0.8125, 0.805],
+            "least_loaded": [0.875, 0.8375, 0.825],
+            "length_heuristic": [0.850, 0.870, 0.7975],
+            "marginal_cost": [0.8675, 0.905, 0.8525],
+            "marginal_cost-paper": [0.895, 0.900, 0.850],
+            "marginal_cost-own-wait": [0.880, 0.8975, 0.8475],
+        },
+    )
+    report = EXPERIMENTS["failure-regions"].report([cell], tmp_path)
+    # the summary table comes first; the goodput table's rows start with the cell and a variant
+    row = next(line for line in report.splitlines() if line.startswith("| mixed-bursty | least_loaded |"))
+    # the live cell: a 2.9-point mean lead that trails on one trace is within noise, not a win
+    assert row.endswith("| +2.9 [-0.7, +6.8] n=3 within noise (n = 3); needs n = 9 |")

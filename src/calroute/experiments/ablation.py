@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from calroute.experiments.base import bars_by_cell, goodput_table
+from calroute.experiments.base import bars_by_cell, goodput_table, paired_gap
 from calroute.experiments.cells import Cell, CellResult
 from calroute.routing.variant import Variant
 
@@ -31,13 +31,11 @@ class Ablation:
         png = bars_by_cell(results, exp_dir, "goodput", self.title)
         deltas = []
         for c in results:
-            full = c.mean_goodput("full")
             deltas.append(
-                f"{c.cell_key}: "
-                + ", ".join(f"{lb} {100 * (c.mean_goodput(lb) - full):+.1f}" for lb in c.labels()[1:])
+                f"{c.cell_key}: " + ", ".join(f"{lb} {paired_gap(c, lb, 'full')}" for lb in c.labels()[1:])
             )
         return (
-            f"## {self.title}\n\nGoodput change in points against the full policy: "
+            f"## {self.title}\n\nGoodput change in points against the full policy, paired by seed: "
             + "; ".join(deltas)
             + ". "
             "Paper: without predicted output length -3.2 (steady) and -4.7 (saturated); without KV pressure "

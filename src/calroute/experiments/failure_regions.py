@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from calroute.experiments.base import bars_by_cell, fmt, goodput_table
+from calroute.experiments.base import bars_by_cell, fmt, goodput_table, paired_gap
 from calroute.experiments.cells import Cell, CellResult, baselines_and_product
 from calroute.routing.variant import Variant
 
@@ -35,7 +35,7 @@ class FailureRegions:
         png = bars_by_cell(results, exp_dir, "goodput", self.title)
         lines = [
             "| cell | best baseline | goodput | marginal_cost-paper | marginal_cost-own-wait | marginal_cost "
-            "| ours - best baseline |",
+            "| ours - best baseline, paired (pts) |",
             "|---|---|---|---|---|---|---|",
         ]
         for c in results:
@@ -45,7 +45,7 @@ class FailureRegions:
                 f"| {c.cell_key} | {best} | {fmt(c.mean_goodput(best))} | "
                 f"{fmt(c.mean_goodput(PAPER_POLICY.label))} | {fmt(c.mean_goodput(OWN_WAIT.label))} | "
                 f"{fmt(ours)} | "
-                f"{100 * (ours - c.mean_goodput(best)):+.1f} pts |"
+                f"{paired_gap(c, 'marginal_cost', best)} |"
             )
         return (
             f"## {self.title}\n\nmarginal_cost-paper is the paper's formula (`w_b_dec=1`: the decode backlog "
