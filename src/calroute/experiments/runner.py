@@ -132,7 +132,8 @@ def run_experiment(
             if key not in saturation
         }
         if missing:
-            progress(f"{exp.name}: saturation searches on {', '.join(missing)}")
+            for key in missing:
+                progress(f"{exp.name}: saturation search on {key}")
             keys = {q: k for k, q in missing.items()}
             backend.saturation_rates(list(missing.values()), lambda q, rate: on_rate(keys[q], rate))
     results = []
