@@ -3,8 +3,9 @@
 Each run is a fresh `python -m calroute experiment ... --executor K --workers N` process into a fresh results
 directory, so its wall time includes everything a user waits for: imports, the process pool's or Ray's start
 and stop, the saturation searches and the runs. The configurations alternate, ``--repeats`` times each
-(medians reported); the ratio is local:1's median over each configuration's (> 1: faster). Every run's
-results.json and saturation.json must be the same as local:1's (the executors' contract), or the script fails.
+(medians reported); the ratio is local:1's median over each configuration's (> 1: faster). Ray's fixed cost
+(start and stop, nothing run, ray:2) is timed apart. Every run's results.json and saturation.json must be the
+same as local:1's (the executors' contract), or the script fails.
 Default: heterogeneity (four families on 2P+4D, each saturated on its own: four searches, 32 runs) at 2,000
 requests and 2 seeds a run.
 Usage: python benchmarks/executor_speed.py [--experiment NAME] [--requests N] [--seeds K] [--quick]
@@ -69,6 +70,18 @@ def run_once(args: argparse.Namespace, config: str, out: Path) -> tuple[float, d
     return wall_s, written
 
 
+def ray_start_stop_s(workers: int) -> float:
+    """A local Ray instance started and stopped, nothing run: the fixed cost in every ray:N figure."""
+    code = (
+        "import time; t = time.perf_counter(); from calroute.executors import make_executor; "
+        f"make_executor('ray', {workers}).close(); print(time.perf_counter() - t)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=600
+    )
+    return float(out.stdout.split()[-1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--experiment", default="heterogeneity")
@@ -98,6 +111,9 @@ def main() -> None:
                     raise SystemExit(f"{config} wrote other results than local:1: the executors disagree")
                 walls[config].append(wall_s)
                 print(f"{config} repeat {r}: {wall_s:.1f} s", file=sys.stderr)
+        ray_fixed_s = (
+            [ray_start_stop_s(2) for _ in range(args.repeats)] if any("ray" in c for c in configs) else []
+        )
     medians = {c: statistics.median(w) for c, w in walls.items()}
     report = {
         "benchmark": "executor_speed",
@@ -112,6 +128,7 @@ def main() -> None:
         "wall_s": walls,
         "median_wall_s": medians,
         "speedup_vs_local_1": {c: medians["local:1"] / m for c, m in medians.items()},
+        "ray_start_stop_s": ray_fixed_s,
         "identical_results": True,  # checked above: the script stops otherwise
     }
     if "ray:1" in medians and "ray:2" in medians:
