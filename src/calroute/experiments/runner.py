@@ -136,6 +136,11 @@ def run_experiment(
                 progress(f"{exp.name}: saturation search on {key}")
             keys = {q: k for k, q in missing.items()}
             backend.saturation_rates(list(missing.values()), lambda q, rate: on_rate(keys[q], rate))
+            # The searches ended in whatever order the workers finished them: file them in the queries'
+            # order, so the file is the same whatever the executor.
+            for key in missing:
+                saturation[key] = saturation.pop(key)
+            _write_json(sat_path, saturation)
     results = []
     for cell in cells:
         if cell.key in saved:
