@@ -12,6 +12,11 @@ from calroute.cli.common import SLO_DEFAULT, SLO_HELP, err, exit_on_error, load_
 from calroute.errors import ConfigError
 
 
+class ExecutorKind(StrEnum):
+    local = "local"
+    ray = "ray"
+
+
 class BackendKind(StrEnum):
     sim = "sim"
     emulated = "emulated"
@@ -39,8 +44,20 @@ def experiment(
         ),
     ] = "live",
     slo: Annotated[str, typer.Option(help=SLO_HELP)] = SLO_DEFAULT,
+    executor: Annotated[
+        ExecutorKind,
+        typer.Option(help="sim: where the runs and saturation searches go (docs/experiments.md)"),
+    ] = ExecutorKind.local,
+    workers: Annotated[
+        int | None, typer.Option(help="sim: parallel runs (default: the machine's cores)")
+    ] = None,
+    address: Annotated[
+        str | None,
+        typer.Option(help="--executor ray: join the Ray cluster at HOST:PORT instead of starting one"),
+    ] = None,
 ) -> None:
     """Run one of the paper's experiments (or all) and write its results and report section."""
+    from calroute.executors import Executor, make_executor
     from calroute.experiments import PAPER_EXPERIMENTS, get_experiment
     from calroute.experiments.backends import Backend, SimBackend
     from calroute.experiments.report import write_report
@@ -53,7 +70,12 @@ def experiment(
         if (requests is not None and requests < 1) or (seeds is not None and seeds < 1):
             raise ConfigError(f"--requests and --seeds must be >= 1, got {requests}, {seeds}")
         scale = Scale(requests or default.requests, tuple(range(seeds)) if seeds else default.seeds)
+        pool: Executor | None = None
         if backend is not BackendKind.sim:
+            # Refused rather than ignored: a live backend runs one cluster at a time, so they could only
+            # mislead (the runs would not be spread anywhere).
+            if executor is not ExecutorKind.local or workers is not None or address is not None:
+                raise ConfigError("--executor, --workers and --address apply to --backend sim only")
             from calroute.experiments.live import live_backend
 
             be: Backend = live_backend(
@@ -68,7 +90,10 @@ def experiment(
         else:
             if time_scale != 1.0 or saturation != "live":
                 raise ConfigError("--time-scale and --saturation apply to live backends only")
-            be = SimBackend(load_profile(), slo_spec)
+            profile = load_profile()
+            # Before anything is written: a Ray address that does not answer fails here.
+            pool = make_executor(executor.value, workers, address)
+            be = SimBackend(profile, slo_spec, pool)
         try:
             for n in names:
                 run_experiment(
@@ -79,13 +104,21 @@ def experiment(
                     progress=err.print,
                     scale=scale,
                     # "out": the report's command line names the --out given, wherever the results are moved
-                    extra_manifest={"time_scale": time_scale, "saturation": saturation, "out": str(out)},
+                    extra_manifest={
+                        "time_scale": time_scale,
+                        "saturation": saturation,
+                        "out": str(out),
+                        # where the runs ran (their results are the same on every executor)
+                        **({"executor": f"{pool.kind}:{pool.workers}"} if pool is not None else {}),
+                    },
                     slo=slo_spec,
                 )
         finally:
             close = getattr(be, "close", None)
             if close is not None:
                 close()
+            if pool is not None:
+                pool.close()
         report = write_report(out / backend.value)
     err.print(f"report: {report}")
 

@@ -8,10 +8,9 @@ executor to it). ``on_result`` is called in this process as each result arrives,
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Protocol, TypeVar, cast
+from typing import Protocol, TypeVar
 
 from calroute.errors import ConfigError
 
@@ -57,13 +56,13 @@ def make_executor(kind: str = "local", workers: int | None = None, address: str 
         return LocalExecutor(workers)
     if kind == "ray":
         try:
-            # imported by name: calroute.executors.ray imports ray, an optional extra
-            ray_executor = importlib.import_module("calroute.executors.ray")
+            # imported here, not above: calroute.executors.ray imports ray, an optional extra
+            from calroute.executors.ray import RayExecutor
         except ImportError as e:
             raise ConfigError(
                 f"--executor ray needs Ray, an optional extra: pip install 'calroute[ray]' ({e})"
             ) from e
-        return cast(Executor, ray_executor.RayExecutor(workers, address))
+        return RayExecutor(workers, address)
     raise ConfigError(f"unknown executor {kind!r}; known: {', '.join(EXECUTORS)}")
 
 

@@ -11,6 +11,8 @@ from typing import Any
 from calroute.costmodel.calibration import Calibration
 from calroute.costmodel.profiles import HardwareProfile
 from calroute.errors import ConfigError
+from calroute.executors import Executor
+from calroute.executors.local import LocalExecutor
 from calroute.experiments.saturation import Probe, SaturationResult, find_saturation
 from calroute.results.metrics import RunSink, RunSummary, SummaryAccumulator
 from calroute.results.records import RecordWriter
@@ -126,6 +128,23 @@ def compare(
     return results
 
 
+@dataclass(frozen=True)
+class SeedProbe:
+    """One seed of a saturation probe: self-contained, for an executor's worker."""
+
+    setup: SimSetup
+    workload: WorkloadSource
+    policy: str
+    rate_rps: float
+    seed: int
+
+
+def probe_goodput(p: SeedProbe) -> float:
+    return simulate_run(
+        p.setup, p.policy, p.workload.requests(p.rate_rps, p.seed), p.seed, p.rate_rps
+    ).summary.goodput
+
+
 def saturate(
     setup: SimSetup,
     workload: WorkloadSource,
@@ -133,18 +152,20 @@ def saturate(
     reference_policy: str = "round_robin",
     seeds: Sequence[int] = (0,),
     on_probe: Callable[[Probe], None] | None = None,
+    executor: Executor | None = None,
 ) -> SaturationResult:
     """The rate at which ``reference_policy``'s goodput, averaged over ``seeds``, crosses ``target``.
 
     Averaging over the seeds a comparison will run matters for bursty workloads and short runs, where one
-    trace's calm stretch would otherwise set the rate for all of them.
+    trace's calm stretch would otherwise set the rate for all of them. With ``executor``, a probe's seeds
+    run on its workers (the probes themselves depend on each other, so they run one after the other).
     """
+    runner = executor or LocalExecutor(1)
 
     def measure(rate: float) -> float:
-        goodputs = [
-            simulate_run(setup, reference_policy, workload.requests(rate, s), s, rate).summary.goodput
-            for s in seeds
-        ]
+        goodputs = runner.map(
+            probe_goodput, [SeedProbe(setup, workload, reference_policy, rate, s) for s in seeds]
+        )
         return sum(goodputs) / len(goodputs)
 
     return find_saturation(measure, target=target, on_probe=on_probe)

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from calroute.costmodel.slo import PAPER, PRESETS, SloSpec
-from calroute.experiments.backends import Backend
+from calroute.experiments.backends import Backend, ManySaturations
 from calroute.experiments.base import Experiment
-from calroute.experiments.cells import CellResult, Run, SaturationQuery
+from calroute.experiments.cells import Cell, CellResult, Run, SaturationQuery
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,18 @@ def _write_json(path: Path, data: Any) -> None:
     tmp.replace(path)  # atomic: a kill never leaves half a result
 
 
+def _saturation_queries(cell: Cell, scale: Scale, slo_key: str) -> dict[str, tuple[str, SaturationQuery]]:
+    """The searches a cell's rate and tags need, by policy: each with the key its answer is saved under."""
+    if cell.rate_rps is not None and not cell.measure_saturation_of:
+        return {}
+    p, d = cell.saturation_shape
+    out = {}
+    for policy in dict.fromkeys((*cell.saturate_on, *cell.measure_saturation_of)):
+        query = SaturationQuery(p, d, cell.workload, scale.requests, policy, cell.trace_windows)
+        out[policy] = (query.key + slo_key, query)
+    return out
+
+
 def run_experiment(
     exp: Experiment,
     backend: Backend,
@@ -79,10 +91,11 @@ def run_experiment(
     _write_json(exp_dir / "manifest.json", manifest)
     sat_path = exp_dir / "saturation.json"
     saturation: dict[str, float] = json.loads(sat_path.read_text()) if sat_path.exists() else {}
-    results = []
     commit = manifest["git_commit"]
+    slo_key = "" if slo.is_paper else f":slo={slo.key}"
+    saved: dict[str, CellResult] = {}
+    definitions: dict[str, Any] = {}
     for cell in cells:
-        path = exp_dir / "cells" / f"{cell.key}.json"
         # What the saved result must have been made from to be reused: the cell (variants, parameters,
         # rate) and the scale, as JSON would hold them.
         # Under other SLO targets every goodput differs: the spec is part of the definition, left out for the
@@ -90,33 +103,57 @@ def run_experiment(
         made_of: dict[str, Any] = {"cell": asdict(cell), "scale": asdict(scale)}
         if not slo.is_paper:
             made_of["slo"] = slo.definition()
-        definition = json.loads(json.dumps(made_of))
-        if path.exists():
-            saved = json.loads(path.read_text())
-            if saved.get("definition", definition) == definition:
-                results.append(CellResult.from_dict(saved))
-                made_by = saved.get("git_commit")
-                stale = (
-                    f" (made by commit {made_by[:10]}, not this one)" if made_by and made_by != commit else ""
-                )
-                progress(f"{exp.name}/{cell.key}: done earlier, skipped{stale}")
-                continue
+        definitions[cell.key] = definition = json.loads(json.dumps(made_of))
+        path = exp_dir / "cells" / f"{cell.key}.json"
+        if not path.exists():
+            continue
+        data = json.loads(path.read_text())
+        if data.get("definition", definition) == definition:
+            saved[cell.key] = CellResult.from_dict(data)
+            made_by = data.get("git_commit")
+            stale = f" (made by commit {made_by[:10]}, not this one)" if made_by and made_by != commit else ""
+            progress(f"{exp.name}/{cell.key}: done earlier, skipped{stale}")
+        else:
             progress(
                 f"{exp.name}/{cell.key}: saved with other variants, parameters or scale: running it again"
             )
+    to_run = [cell for cell in cells if cell.key not in saved]
+
+    def on_rate(key: str, rate: float) -> None:
+        saturation[key] = rate
+        _write_json(sat_path, saturation)  # each search saved as it ends: a kill loses only those running
+
+    if isinstance(backend, ManySaturations):
+        # Every search the remaining cells need, at once: a backend with workers runs them side by side.
+        missing = {
+            key: query
+            for cell in to_run
+            for key, query in _saturation_queries(cell, scale, slo_key).values()
+            if key not in saturation
+        }
+        if missing:
+            for key in missing:
+                progress(f"{exp.name}: saturation search on {key}")
+            keys = {q: k for k, q in missing.items()}
+            backend.saturation_rates(list(missing.values()), lambda q, rate: on_rate(keys[q], rate))
+            # The searches ended in whatever order the workers finished them: file them in the queries'
+            # order, so the file is the same whatever the executor.
+            for key in missing:
+                saturation[key] = saturation.pop(key)
+            _write_json(sat_path, saturation)
+    results = []
+    for cell in cells:
+        if cell.key in saved:
+            results.append(saved[cell.key])
+            continue
         rate = cell.rate_rps
         tags = dict(cell.tags)
         if rate is None or cell.measure_saturation_of:
-            p, d = cell.saturation_shape
             rates: dict[str, float] = {}
-            slo_key = "" if slo.is_paper else f":slo={slo.key}"
-            for policy in dict.fromkeys((*cell.saturate_on, *cell.measure_saturation_of)):
-                query = SaturationQuery(p, d, cell.workload, scale.requests, policy, cell.trace_windows)
-                key = query.key + slo_key
+            for policy, (key, query) in _saturation_queries(cell, scale, slo_key).items():
                 if key not in saturation:
                     progress(f"{exp.name}: saturation search on {key}")
-                    saturation[key] = backend.saturation_rate(query)
-                    _write_json(sat_path, saturation)
+                    on_rate(key, backend.saturation_rate(query))
                 rates[policy] = saturation[key]
             if cell.measure_saturation_of:
                 tags["saturation_rps"] = rates
@@ -134,7 +171,8 @@ def run_experiment(
             cell, rate, scale.seeds, scale.requests, exp_dir / "records" / cell.key, on_run
         )
         result = CellResult(cell.key, backend.name, rate, tuple(runs), tags)
-        _write_json(path, {**result.to_dict(), "definition": definition, "git_commit": commit})
+        path = exp_dir / "cells" / f"{cell.key}.json"
+        _write_json(path, {**result.to_dict(), "definition": definitions[cell.key], "git_commit": commit})
         results.append(result)
     _write_json(exp_dir / "results.json", [r.to_dict() for r in results])
     section = exp.report(results, exp_dir)
