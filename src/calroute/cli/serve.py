@@ -11,12 +11,13 @@ from typing import Annotated
 import typer
 
 from calroute.cli.common import (
+    PARAMS_HELP,
     SLO_DEFAULT,
     SLO_HELP,
     err,
     exit_on_error,
     load_profile,
-    parse_param_options,
+    policy_params,
     slo_option,
 )
 from calroute.engines.cluster import ClusterFile
@@ -31,6 +32,7 @@ def serve(
         str, typer.Option(help=f"routing policy: {', '.join(policy_names())}")
     ] = "marginal_cost",
     param: Annotated[list[str] | None, typer.Option(help="policy parameter NAME=VALUE (repeatable)")] = None,
+    params_file: Annotated[Path | None, typer.Option("--params", help=PARAMS_HELP)] = None,
     calibration: Annotated[
         Path | None,
         typer.Option(help="calibration JSON (router constants, SLO targets); default: the profile's"),
@@ -158,7 +160,7 @@ def serve(
             err.print(
                 "[yellow]warning:[/] no --calibration: pricing with the a40-qwen2.5-3b profile's constants"
             )
-        params = parse_param_options(param or [], [policy], qualified=False).get(policy, {})
+        params = policy_params(param or [], [policy], params_file, qualified=False).get(policy, {})
         proxy = Proxy(
             ProxyConfig(
                 cluster=c,
