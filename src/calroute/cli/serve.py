@@ -152,6 +152,8 @@ def serve(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with exit_on_error():
         slo_spec = slo_option(slo)
+        # parameters first: a bad --param or --params file fails before the cluster is read
+        params = policy_params(param or [], [policy], params_file, qualified=False).get(policy, {})
         c = ClusterFile.load(cluster)
         # no --calibration: the constants of the profile the engines were started with, else the default's
         named = c.profile if c.profile is not None and not c.profile.startswith("calibration:") else None
@@ -160,7 +162,6 @@ def serve(
             err.print(
                 "[yellow]warning:[/] no --calibration: pricing with the a40-qwen2.5-3b profile's constants"
             )
-        params = policy_params(param or [], [policy], params_file, qualified=False).get(policy, {})
         proxy = Proxy(
             ProxyConfig(
                 cluster=c,

@@ -194,8 +194,8 @@ def run_study(
     training seeds and ``rates``."""
     if trials < 1:
         raise ConfigError(f"--trials must be >= 1, got {trials}")
-    if _close_stale(study):
-        _enqueue_handset(study, config)  # in case the stopped batch was the first
+    _close_stale(study)
+    _enqueue_handset(study, config)  # again if a stopped batch held it
     dists = {n: distribution(r) for n, r in config.space.items()}
     cls = params_class(config.policy)
     done = len(done_trials(study))
