@@ -67,9 +67,10 @@ def test_a_tiny_study_writes_a_params_file_that_simulate_reads(tmp_path: Path) -
 
 def test_a_rerun_with_another_configuration_is_refused(tmp_path: Path) -> None:
     out = tmp_path / "p.json"
-    args = [*TINY, "--trials", "1", "--validation-seeds", "0", "--out", str(out)]
+    args = [*TINY, "--trials", "1", "--validate-on", "none", "--out", str(out)]
     assert invoke(*args)[0] == 0
     before = out.read_text()
+    assert [w["workload"] for w in json.loads(before)["validation"]["workloads"]] == ["mixed-bursty"]
     code, _, stderr = invoke(*args, "--seed", "5")
     assert code == 2
     assert "another configuration" in stderr and "study_seed" in stderr

@@ -109,9 +109,11 @@ def tune(
         fixed = typed_params(
             policy, parse_param_options(param or [], [policy], qualified=False).get(policy, {})
         )
-        families = {"all": list(WORKLOADS), "none": []}.get(validate_on) or _names(
-            validate_on, "--validate-on", WORKLOADS
-        )
+        presets: dict[str, list[str]] = {"all": list(WORKLOADS), "none": []}
+        if validate_on in presets:
+            families = presets[validate_on]
+        else:
+            families = _names(validate_on, "--validate-on", WORKLOADS)
         name = workload if workload is not None else str(trace)
         # a trace: one window per training and validation seed, so the two never share a stretch of it
         windows = 1 if trace is None else seeds + validation_seeds
@@ -135,12 +137,20 @@ def tune(
         with make_executor(executor, workers, address) as ex, progress_bar() as progress:
             task = progress.add_task("starting", total=None)
 
+            # Without a terminal the bar is off (common.progress_bar): a line per phase and per batch instead,
+            # for logs of long studies.
+            log = not err.is_terminal
+
             def on_phase(phase: str, steps: int | None) -> None:
                 progress.reset(task, total=steps, description=phase)
+                if log:
+                    err.print(phase)
 
             def on_trial(done: int, best: float | None) -> None:
                 best_s = "-" if best is None else f"{best:.4f}"
                 progress.update(task, completed=done, description=f"trials (best goodput {best_s})")
+                if log and (done % batch_size == 0 or done == trials):
+                    err.print(f"trials {done}/{trials}, best goodput {best_s}")
 
             def on_step() -> None:
                 if progress.tasks[0].description == "validation":
