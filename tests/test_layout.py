@@ -38,6 +38,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("proxy", "calibrate"),
     ("harness",),  # live runs: a proxy in front of engines, the load generator
     ("experiments",),
+    ("tuning",),  # searches a policy's parameters on the simulator: runs experiments' simulated runs
     ("cli",),
     ("__main__",),
 )

@@ -15,6 +15,7 @@ from calroute.cli.experiment import experiment, report
 from calroute.cli.run import run
 from calroute.cli.serve import serve
 from calroute.cli.simulate import profile_cmd, simulate
+from calroute.cli.tune import tune
 from calroute.engines.procs import stop_on_sigterm
 from calroute.errors import ConfigError
 
@@ -26,6 +27,7 @@ app.command()(experiment)
 app.command()(run)
 app.command()(bench)
 app.command()(calibrate)
+app.command()(tune)
 app.command("report")(report)
 app.command("profile")(profile_cmd)
 

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -23,6 +24,7 @@ from calroute.costmodel.profiles import (
 from calroute.costmodel.slo import PAPER, PRESETS, SloSpec, parse_slo, with_slo
 from calroute.errors import CalrouteError, ConfigError
 from calroute.experiments.compare import RunResult
+from calroute.policies.params_file import check_runs_policy, load_params_file, merged_params
 from calroute.results.tables import RunRow, by_policy, reference_policy, versus
 
 err = Console(stderr=True)
@@ -63,6 +65,24 @@ def parse_param_options(
             )
         params.setdefault(policy, {})[name] = value
     return params
+
+
+PARAMS_HELP = (
+    "a params file (calroute tune --out): its policy's parameters; a --param for the same policy overrides "
+    "the file's value (docs/tuning.md)"
+)
+
+
+def policy_params(
+    items: list[str], policies: list[str], params_file: Path | None, *, qualified: bool = True
+) -> dict[str, dict[str, Any]]:
+    """--params FILE, then --param over it, by policy; every value checked before anything runs. The file
+    must be for one of ``policies``."""
+    pf = None
+    if params_file is not None:
+        pf = load_params_file(params_file)
+        check_runs_policy(pf, policies)
+    return merged_params(pf, parse_param_options(items, policies, qualified=qualified))
 
 
 def progress_bar() -> Progress:

@@ -4,12 +4,23 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from calroute.cli.common import SLO_DEFAULT, SLO_HELP, err, exit_on_error, load_profile, slo_option
+from calroute.cli.common import (
+    PARAMS_HELP,
+    SLO_DEFAULT,
+    SLO_HELP,
+    err,
+    exit_on_error,
+    load_profile,
+    slo_option,
+)
 from calroute.errors import ConfigError
+
+if TYPE_CHECKING:
+    from calroute.experiments.base import Experiment
 
 
 class ExecutorKind(StrEnum):
@@ -55,6 +66,7 @@ def experiment(
         str | None,
         typer.Option(help="--executor ray: join the Ray cluster at HOST:PORT instead of starting one"),
     ] = None,
+    params_file: Annotated[Path | None, typer.Option("--params", help=PARAMS_HELP)] = None,
 ) -> None:
     """Run one of the paper's experiments (or all) and write its results and report section."""
     from calroute.executors import Executor, make_executor
@@ -66,6 +78,9 @@ def experiment(
     with exit_on_error():
         slo_spec = slo_option(slo)
         names = list(PAPER_EXPERIMENTS) if name == "all" else [get_experiment(name).name]
+        experiments = [get_experiment(n) for n in names]
+        if params_file is not None:
+            experiments = with_params_file(experiments, params_file, quick)
         default = scale_for(backend.value, quick)
         if (requests is not None and requests < 1) or (seeds is not None and seeds < 1):
             raise ConfigError(f"--requests and --seeds must be >= 1, got {requests}, {seeds}")
@@ -95,9 +110,9 @@ def experiment(
             pool = make_executor(executor.value, workers, address)
             be = SimBackend(profile, slo_spec, pool)
         try:
-            for n in names:
+            for exp in experiments:
                 run_experiment(
-                    get_experiment(n),
+                    exp,
                     be,
                     quick,
                     out / backend.value,
@@ -121,6 +136,21 @@ def experiment(
                 pool.close()
         report = write_report(out / backend.value)
     err.print(f"report: {report}")
+
+
+def with_params_file(experiments: list[Experiment], path: Path, quick: bool) -> list[Experiment]:
+    """Each experiment with the file's parameters on its variants of the file's policy; the file must be for
+    a policy that at least one of them runs."""
+    from calroute.experiments.with_params import WithParams, experiment_policies
+    from calroute.policies.params_file import check_runs_policy, load_params_file
+
+    pf = load_params_file(path)
+    runs = set().union(*(experiment_policies(e, quick) for e in experiments))
+    check_runs_policy(pf, sorted(runs))
+    return [
+        WithParams(e, pf.policy, pf.params) if pf.policy in experiment_policies(e, quick) else e
+        for e in experiments
+    ]
 
 
 def report(

@@ -9,12 +9,13 @@ from typing import Annotated
 import typer
 
 from calroute.cli.common import (
+    PARAMS_HELP,
     SLO_DEFAULT,
     SLO_HELP,
     err,
     exit_on_error,
     load_profile,
-    parse_param_options,
+    policy_params,
     print_table,
     slo_option,
 )
@@ -43,6 +44,7 @@ def run(
     param: Annotated[
         list[str] | None, typer.Option(help="policy parameter, POLICY.NAME=VALUE (repeatable)")
     ] = None,
+    params_file: Annotated[Path | None, typer.Option("--params", help=PARAMS_HELP)] = None,
     slo: Annotated[str, typer.Option(help=SLO_HELP)] = SLO_DEFAULT,
 ) -> None:
     """Gate, calibrate, then for each policy and seed: fresh proxy, reset caches, warm up, drive, collect."""
@@ -64,7 +66,7 @@ def run(
             raise ConfigError(f"unknown workload {workload!r}; known: {', '.join(WORKLOADS)}")
         slo_spec = slo_option(slo)  # a bad file fails here, before the gates and calibration
         names = tuple(p.strip() for p in policies.split(",") if p.strip())
-        params = parse_param_options(param or [], list(names))
+        params = policy_params(param or [], list(names), params_file)
         for name in names:  # a bad policy, parameter or value fails here, before the gates and calibration
             check_live_policy(name)
             make_policy(name, params.get(name, {}), load_profile().calibration)

@@ -11,12 +11,13 @@ from typing import Annotated
 import typer
 
 from calroute.cli.common import (
+    PARAMS_HELP,
     SLO_DEFAULT,
     SLO_HELP,
     err,
     exit_on_error,
     load_profile,
-    parse_param_options,
+    policy_params,
     slo_option,
 )
 from calroute.engines.cluster import ClusterFile
@@ -31,6 +32,7 @@ def serve(
         str, typer.Option(help=f"routing policy: {', '.join(policy_names())}")
     ] = "marginal_cost",
     param: Annotated[list[str] | None, typer.Option(help="policy parameter NAME=VALUE (repeatable)")] = None,
+    params_file: Annotated[Path | None, typer.Option("--params", help=PARAMS_HELP)] = None,
     calibration: Annotated[
         Path | None,
         typer.Option(help="calibration JSON (router constants, SLO targets); default: the profile's"),
@@ -150,6 +152,8 @@ def serve(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with exit_on_error():
         slo_spec = slo_option(slo)
+        # parameters first: a bad --param or --params file fails before the cluster is read
+        params = policy_params(param or [], [policy], params_file, qualified=False).get(policy, {})
         c = ClusterFile.load(cluster)
         # no --calibration: the constants of the profile the engines were started with, else the default's
         named = c.profile if c.profile is not None and not c.profile.startswith("calibration:") else None
@@ -158,7 +162,6 @@ def serve(
             err.print(
                 "[yellow]warning:[/] no --calibration: pricing with the a40-qwen2.5-3b profile's constants"
             )
-        params = parse_param_options(param or [], [policy], qualified=False).get(policy, {})
         proxy = Proxy(
             ProxyConfig(
                 cluster=c,

@@ -11,12 +11,13 @@ from typing import Annotated, Any
 import typer
 
 from calroute.cli.common import (
+    PARAMS_HELP,
     SLO_DEFAULT,
     SLO_HELP,
     err,
     exit_on_error,
     load_profile,
-    parse_param_options,
+    policy_params,
     print_table,
     progress_bar,
     slo_option,
@@ -180,6 +181,7 @@ def simulate(
     param: Annotated[
         list[str] | None, typer.Option(help="policy parameter, POLICY.NAME=VALUE (repeatable)")
     ] = None,
+    params_file: Annotated[Path | None, typer.Option("--params", help=PARAMS_HELP)] = None,
     out_dir: Annotated[
         Path | None, typer.Option("--out", help="write records, summary.json, table.md")
     ] = None,
@@ -216,7 +218,7 @@ def simulate(
             predictor=predictor,
             predictor_noise=predictor_noise,
             sample_interval_s=sample_interval_s,
-            policy_params=parse_param_options(param or [], policy_list),
+            policy_params=policy_params(param or [], policy_list, params_file),
             prefix_source=prefix_source,
             kv_event_delay_s=kv_event_delay_s,
         )

@@ -56,6 +56,21 @@ POLICIES: dict[str, _Factory] = {
     "oracle": lambda raw, cal: oracle.Oracle(parse_params("oracle", marginal_cost.Params, raw), cal),
 }
 
+# Each policy's Params dataclass: what a params file, a tuner's search space and --param are checked against.
+PARAMS: dict[str, type[Any]] = {
+    "round_robin": round_robin.Params,
+    "least_loaded": least_loaded.Params,
+    "length_heuristic": length_heuristic.Params,
+    "random": random_pick.Params,
+    "power_of_two": power_of_two.Params,
+    "queue_kv": queue_kv.Params,
+    "marginal_cost": marginal_cost.Params,
+    "prefix_scorer_mix": prefix_scorer_mix.Params,
+    "kv_overlap_cost": kv_overlap_cost.Params,
+    "cache_aware": cache_aware.Params,
+    "oracle": marginal_cost.Params,
+}
+
 # Policies that only the simulator can run (e.g. one that reads what a live router cannot know): left out
 # of ``all``, and run only when named.
 SIM_ONLY_POLICIES: frozenset[str] = frozenset({"oracle"})
@@ -95,6 +110,14 @@ def policy_names() -> list[str]:
     return list(POLICIES)
 
 
+def params_class(name: str) -> type[Any]:
+    """The policy's Params dataclass; an unknown name is a ConfigError."""
+    cls = PARAMS.get(name)
+    if cls is None:
+        raise ConfigError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
+    return cls
+
+
 def make_policy(name: str, params: Mapping[str, Any], calibration: Calibration) -> RoutingPolicy:
     factory = POLICIES.get(name)
     if factory is None:
@@ -104,11 +127,13 @@ def make_policy(name: str, params: Mapping[str, Any], calibration: Calibration) 
 
 __all__ = [
     "ALL_POLICIES",
+    "PARAMS",
     "POLICIES",
     "SIM_ONLY_POLICIES",
     "check_live_policy",
     "RoutingPolicy",
     "expand_policy_list",
     "make_policy",
+    "params_class",
     "policy_names",
 ]

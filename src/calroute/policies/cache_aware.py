@@ -30,18 +30,19 @@ random fallbacks. Our own code (docs/prefix.md).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from calroute.policies.base import argmin_rotating, check, healthy
+from calroute.policies.search_space import tunable, tunable_int
 from calroute.types import Admission, ClusterView, InstanceState, RouteDecision
 
 
 @dataclass(frozen=True)
 class Params:
-    cache_threshold: float = 0.3
-    balance_abs_threshold: int = 64
-    balance_rel_threshold: float = 1.5
+    cache_threshold: float = field(default=0.3, metadata=tunable(0.0, 1.0))
+    balance_abs_threshold: int = field(default=64, metadata=tunable_int(0, 512))
+    balance_rel_threshold: float = field(default=1.5, metadata=tunable(1.0, 4.0))
 
     def __post_init__(self) -> None:
         check(

@@ -30,10 +30,11 @@ weights, output-block tracking, queueing and busy thresholds. Our own code (docs
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Final
 
 from calroute.policies.base import argmin_rotating, check, healthy, mix64
+from calroute.policies.search_space import tunable
 from calroute.types import Admission, ClusterView, RouteDecision
 
 _PREFILL_STREAM: Final = 0x5052  # separate random draws for the two pools of one decision
@@ -43,8 +44,8 @@ _TWO64: Final = float(1 << 64)
 
 @dataclass(frozen=True)
 class Params:
-    overlap_score_weight: float = 1.0
-    temperature: float = 0.0
+    overlap_score_weight: float = field(default=1.0, metadata=tunable(0.0, 4.0))
+    temperature: float = field(default=0.0, metadata=tunable(0.0, 2.0))
     seed: int = 0
 
     def __post_init__(self) -> None:

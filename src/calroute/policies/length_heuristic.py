@@ -8,16 +8,17 @@ The paper's heuristic baseline thresholds predicted output length; its exact rul
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from calroute.policies.base import argmin_rotating, check, healthy
+from calroute.policies.search_space import tunable_int
 from calroute.types import Admission, ClusterView, RouteDecision
 
 
 @dataclass(frozen=True)
 class Params:
-    threshold_tokens: int = 256
+    threshold_tokens: int = field(default=256, metadata=tunable_int(16, 4096, log=True))
 
     def __post_init__(self) -> None:
         check(self.threshold_tokens >= 1, f"threshold_tokens must be >= 1, got {self.threshold_tokens}")

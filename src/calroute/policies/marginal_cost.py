@@ -59,26 +59,29 @@ computed from scratch (the paper's router).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from calroute.costmodel.calibration import Calibration
 from calroute.policies.base import argmin_rotating, check, healthy
+from calroute.policies.search_space import tunable
 from calroute.types import Admission, ClusterView, RouteDecision, SloClass
 
 
 @dataclass(frozen=True)
 class Params:
-    w_b: float = 1.0  # weight of the committed backlog (seconds)
+    w_b: float = field(default=1.0, metadata=tunable(0.0, 4.0))  # weight of the committed backlog (seconds)
     # Weight of the backlog on decode instances. 0 by default, unlike the paper: see the module docstring.
-    w_b_dec: float = 0.0
-    w_s: float = 1.0  # weight of the request's own priced work (seconds)
-    w_q: float = 1e-3  # seconds per in-flight request: a tie-breaker
+    w_b_dec: float = field(default=0.0, metadata=tunable(0.0, 2.0))
+    # Weight of the request's own priced work (seconds). Scaling every weight together changes no decision,
+    # so w_s's range is narrow and log-scaled: it sets the others' scale, the search need not.
+    w_s: float = field(default=1.0, metadata=tunable(0.25, 4.0, log=True))
+    w_q: float = field(default=1e-3, metadata=tunable(1e-5, 0.1, log=True))  # s per in-flight request
     # Weight of the delay this prompt adds to the requests in flight on a prefill engine: see the docstring.
-    w_cobatch: float = 1.0
-    rho: float = 1.0  # how much post-admission KV pressure inflates decode work
-    sigma_tight: float = 2.0  # load amplifier for tight-SLO requests
-    sigma_loose: float = 1.0
+    w_cobatch: float = field(default=1.0, metadata=tunable(0.0, 4.0))
+    rho: float = field(default=1.0, metadata=tunable(0.0, 4.0))  # KV pressure's inflation of decode work
+    sigma_tight: float = field(default=2.0, metadata=tunable(0.5, 8.0, log=True))  # load amplifier, tight SLO
+    sigma_loose: float = field(default=1.0, metadata=tunable(0.25, 4.0, log=True))
     use_output_length: bool = True
     use_kv_pressure: bool = True
     use_slo: bool = True
@@ -86,7 +89,7 @@ class Params:
     use_prefix_cache: bool = True
     # Weight of the eviction price: a prompt computed on an engine displaces that many tokens of its cache,
     # each wanted back with the engine's evicted-reuse ratio. See the module docstring.
-    w_evict: float = 1.0
+    w_evict: float = field(default=1.0, metadata=tunable(0.0, 4.0))
     fallback_output_tokens: int = 256  # the price of every request when output length is not used
     # Price decode with the calibrated step curve after admission instead of tau_dec x (1 + rho x press):
     # see the module docstring.

@@ -31,19 +31,20 @@ Our own code, from the documented formulas (docs/prefix.md).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from calroute.policies.base import argmin_rotating, check, healthy
 from calroute.policies.queue_kv import scores as load_scores
+from calroute.policies.search_space import tunable
 from calroute.types import Admission, ClusterView, InstanceState, RouteDecision
 
 
 @dataclass(frozen=True)
 class Params:
-    w_prefix: float = 3.0
-    w_queue: float = 2.0
-    w_kv: float = 2.0
+    w_prefix: float = field(default=3.0, metadata=tunable(0.0, 10.0))
+    w_queue: float = field(default=2.0, metadata=tunable(0.0, 10.0))
+    w_kv: float = field(default=2.0, metadata=tunable(0.0, 10.0))
 
     def __post_init__(self) -> None:
         check(self.w_prefix >= 0, f"w_prefix must be >= 0, got {self.w_prefix}")

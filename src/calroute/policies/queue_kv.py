@@ -14,17 +14,18 @@ the plugins' documented formulas (shared/reference/peer-routers.md).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from calroute.policies.base import argmin_rotating, check, healthy
+from calroute.policies.search_space import tunable
 from calroute.types import Admission, ClusterView, InstanceState, RouteDecision
 
 
 @dataclass(frozen=True)
 class Params:
-    w_queue: float = 2.0
-    w_kv: float = 1.0
+    w_queue: float = field(default=2.0, metadata=tunable(0.0, 10.0))
+    w_kv: float = field(default=1.0, metadata=tunable(0.0, 10.0))
 
     def __post_init__(self) -> None:
         check(self.w_queue >= 0, f"w_queue must be >= 0, got {self.w_queue}")
