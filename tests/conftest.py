@@ -93,11 +93,12 @@ def unreachable_cluster(prefill: int, decode: int) -> ClusterFile:
 @pytest.fixture(scope="session")
 def real_vllm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFile]:
     """2 prefill + 1 decode real vLLM engines with NIXL, shared by every test on real vLLM (they run last):
-    two prefill engines, so that routing on what each one caches can be seen (tests/proxy/test_proxy_vllm)."""
+    two prefill engines, so that routing on what each one caches can be seen, and KV events on, so that the
+    proxy's prefix index learns it from the engines (tests/proxy/test_proxy_vllm)."""
     venv, model = vllm.default_vllm_paths(REPO)
     if not vllm.vllm_available(venv, model):
         pytest.fail("real vLLM is not installed: run `make vllm` (make test does it)")
-    launched = launch.up_vllm(2, 1, tmp_path_factory.mktemp("real-vllm"), repo_root=REPO)
+    launched = launch.up_vllm(2, 1, tmp_path_factory.mktemp("real-vllm"), repo_root=REPO, kv_events=True)
     try:
         yield launched.file
     finally:

@@ -15,7 +15,7 @@ listed here (tests/test_errors.py checks both).
     answered, but not as a gate requires); LiveRunError (live.py: a live run could not be made)
   - proxy: EngineFailed (errors.py: an engine failed before any output reached the client: retry);
     ClientGone (errors.py, also a ConnectionResetError: the client left mid-stream); BadMessage
-    (kv_events.py, also a ValueError: a KV-event message the subscriber will not apply, with its kind)
+    (kv_wire.py, also a ValueError: a KV-event message the subscriber will not apply, with its kind)
   - proxy/http: UpstreamError (answer.py: an engine unreachable, breaking off, or answering HTTP the
     client does not read), and its ProtocolError (answer.py: an answer misframed or over its cap, with
     its kind); UnsafeRequest (client.py, also a ValueError: a request to an engine with CR, LF or NUL in

@@ -30,6 +30,7 @@ from calroute.engines.vllm import (
     MIB,
     VllmEngineConfig,
     default_vllm_paths,
+    kv_events_endpoint,
     start_vllm_engine,
     stop,
     vllm_available,
@@ -75,6 +76,7 @@ def test_prefill_command_has_the_cpu_flags_and_env() -> None:
     assert flag(argv, "--seed") == "0"
     assert "--enforce-eager" in argv
     assert "--block-size" not in argv
+    assert "--kv-events-config" not in argv
     assert transfer_config(argv) == {
         "kv_connector": "NixlConnector",
         "kv_role": "kv_producer",
@@ -134,6 +136,20 @@ def test_lease_is_whole_seconds_in_the_json() -> None:
     assert '"kv_lease_duration":12}' in flag(argv, "--kv-transfer-config")
 
 
+def test_kv_events_are_published_on_the_engines_unix_socket(tmp_path: Path) -> None:
+    endpoint = kv_events_endpoint(tmp_path, "prefill-0")
+    assert endpoint == f"ipc://{tmp_path / 'kv-events-prefill-0.sock'}"
+    cfg = VllmEngineConfig(port=1, role=Role.PREFILL, side_channel_port=2, kv_events_endpoint=endpoint)
+    argv, _ = vllm_command(cfg, FAKE_VENV, FAKE_MODEL)
+    # vLLM's KVEventsConfig keys; an ipc endpoint is one vLLM's publisher binds (it connects to a tcp
+    # endpoint without a wildcard)
+    assert json.loads(flag(argv, "--kv-events-config")) == {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": endpoint,
+    }
+
+
 def test_role_given_as_a_string_is_the_enum() -> None:
     cfg = VllmEngineConfig(port=1, role="decode", side_channel_port=2)  # type: ignore[arg-type]
     assert cfg.role is Role.DECODE
@@ -163,6 +179,9 @@ def test_relative_paths_become_absolute() -> None:
         {"kv_load_failure_policy": "retry"},
         {"side_channel_port": None},
         {"role": "router"},
+        {"kv_events_endpoint": "tcp://127.0.0.1:5557"},  # vLLM would connect, not bind
+        {"kv_events_endpoint": "tcp://*:5557"},  # every interface
+        {"kv_events_endpoint": "ipc:///" + "x" * 120},  # past a unix socket's path limit
     ],
 )
 def test_bad_configs_are_refused(kwargs: dict[str, Any]) -> None:

@@ -14,7 +14,8 @@ from prometheus_client import CollectorRegistry
 
 from calroute.engines.kv_events import encode_batch
 from calroute.engines.kvcache import AllBlocksCleared, BlockRemoved, BlockStored
-from calroute.proxy.kv_events import KvEventSubscriber, PreciseIndex, decode_batch
+from calroute.proxy.kv_events import KvEventSubscriber, PreciseIndex
+from calroute.routing.block_hash import block_hashes
 from calroute.types import InstanceSpec, Role
 
 SPECS = [InstanceSpec("p0", Role.PREFILL, 16 * 100), InstanceSpec("d0", Role.DECODE, 16 * 100)]
@@ -191,20 +192,6 @@ def test_a_silent_stream_goes_stale_when_events_are_owed() -> None:
     run(test, silence_timeout_s=0.2)
 
 
-def test_decode_batch_bounds() -> None:
-    import pytest
-
-    from calroute.proxy.kv_events import BadMessage
-
-    with pytest.raises(BadMessage, match="bytes"):
-        decode_batch(b"\x90" * 100, max_bytes=10)
-    with pytest.raises(BadMessage):
-        decode_batch(msgpack.packb([1.0, [["BlockStored", [True]]]]), max_bytes=1000)
-    with pytest.raises(BadMessage):
-        decode_batch(msgpack.packb([[[[[]]]]] * 3), max_bytes=1000)
-    assert decode_batch(msgpack.packb([1.0, [["BlockStored", [-1]]], 0]), 1000) == [("stored", [2**64 - 1])]
-
-
 def test_something_not_zmq_at_the_endpoint_never_makes_the_stream_live() -> None:
     async def main() -> None:
         async def babble(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -231,31 +218,49 @@ def test_something_not_zmq_at_the_endpoint_never_makes_the_stream_live() -> None
     asyncio.run(main())
 
 
-def test_decode_batch_reads_every_vllm_layout() -> None:
-    """The payloads vLLM's msgspec writes (these literals pack to the same bytes as msgspec 0.23's encoder
-    given vLLM's structs; checked when written): all arrays with every field (msgspec's array_like keeps
-    defaults), an array batch of map events (the mix reported for v0.28.0), all maps."""
-    top, digest = 2**64 - 1, b"\x01" * 32
-    folded = int.from_bytes(digest, "big") & (2**64 - 1)
-    stored_array = ["BlockStored", [top, digest], None, [5] * 32, 16, None, "GPU", None, None, 0, None, None]
-    arrays = [1.0, [stored_array, ["BlockRemoved", [7], "GPU", 0], ["AllBlocksCleared"]], 0]
-    stored = {
-        "type": "BlockStored",
-        "block_hashes": [top, digest],
-        "parent_block_hash": None,
-        "token_ids": [5] * 32,
-        "block_size": 16,
-        "lora_id": None,
-        "medium": "GPU",
-        "lora_name": None,
-        "group_idx": 0,
-    }
-    removed = {"type": "BlockRemoved", "block_hashes": [7], "medium": "GPU", "group_idx": 0}
-    cleared = {"type": "AllBlocksCleared"}
-    mixed = [1.0, [stored, removed, cleared], 0]
-    maps = {"ts": 1.0, "events": [stored, removed, cleared], "data_parallel_rank": 0}
-    oldest = [1.0, [["BlockStored", [3], 2, [5] * 16, 16, None], ["BlockRemoved", [3]]]]  # b4e69e0a
-    want = [("stored", [top, folded]), ("removed", [7]), ("cleared", [])]
-    for batch in (arrays, mixed, maps):
-        assert decode_batch(msgpack.packb(batch, use_bin_type=True), 10_000) == want
-    assert decode_batch(msgpack.packb(oldest), 10_000) == [("stored", [3]), ("removed", [3])]
+def test_real_vllms_hashes_are_translated_into_the_routers() -> None:
+    """With translate_hashes (real vLLM), the index holds the router's hashes of what the events' tokens
+    say, whatever vLLM's own hashes are: a prompt the proxy hashes matches where the engine would hit."""
+    prompt = list(range(1000, 1000 + 3 * 16 + 5))
+    own = block_hashes(prompt, 16)
+
+    def stored(hashes: list[Any], parent: Any, first: int, **extra: Any) -> dict[str, Any]:
+        tokens = prompt[first * 16 : (first + len(hashes)) * 16]
+        return {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
+                "token_ids": tokens, "block_size": 16, "lora_id": None, "medium": "GPU",
+                "lora_name": None, "group_idx": 0, **extra}  # fmt: skip
+
+    def skipped(h: Harness, reason: str) -> float:
+        v = h.registry.get_sample_value(
+            "calroute_kv_events_skipped_blocks_total", {"engine": "p0", "reason": reason}
+        )
+        return v or 0.0
+
+    def batch(*events: dict[str, Any]) -> bytes:
+        payload: bytes = msgpack.packb([time.time(), list(events), 0], use_bin_type=True)
+        return payload
+
+    vllm = [b"\xaa" * 32, b"\xbb" * 32, b"\xcc" * 32]  # sha256-sized, as vLLM's default
+
+    async def test(h: Harness) -> None:
+        h.send(batch(stored(vllm[:2], None, 0)))
+        await until(lambda: h.index.match(own) == {"p0": 32})
+        h.send(batch(stored(vllm[2:], vllm[1], 2)))  # chained on block 1, one step later
+        await until(lambda: h.index.match(own) == {"p0": 48})
+        h.send(batch({"type": "BlockRemoved", "block_hashes": [vllm[2]], "medium": "GPU"}))
+        await until(lambda: h.index.match(own) == {"p0": 32})
+        # a parent never seen: skipped, counted, nothing placed
+        h.send(batch(stored([b"\xdd" * 32], b"\xee" * 32, 2)))
+        await until(lambda: skipped(h, "unknown_parent") == 1)
+        assert h.index.blocks_held("p0") == 2
+        # blocks the engine hashed with a cache salt would not hit a plain prompt
+        h.send(batch(stored([b"\x01" * 32], None, 0, extra_keys=[["salt"]])))
+        await until(lambda: skipped(h, "keyed") == 1)
+        h.send(batch({"type": "AllBlocksCleared"}))
+        await until(lambda: h.index.blocks_held("p0") == 0)
+        h.send(batch(stored(vllm[2:], vllm[1], 2)))  # the clear forgot the translations too
+        await until(lambda: skipped(h, "unknown_parent") == 2)
+        assert h.index.blocks_held("p0") == 0 and h.live() == 1.0
+        assert h.errors("schema") == h.errors("decode") == h.errors("gap") == 0
+
+    run(test, translate_hashes=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ from calroute.engines.cluster import ClusterFile
 from calroute.engines.procs import stop_process_group
 from calroute.proxy.config import ProxyConfig
 from calroute.results.records import read_records
+from calroute.routing.block_hash import block_hashes
 from calroute.types import RequestStatus
 from tests.engines.http import metric, request, stream
 from tests.proxy.conftest import CAL
@@ -66,42 +69,116 @@ def test_proxy_on_real_vllm(real_cluster: ClusterFile, tmp_path: Path) -> None:
     assert all(r.first_token_s is not None and r.prefill_done_s is not None for r in recs)
 
 
+def _completion(c: ClusterFile, prompt: list[int]) -> dict[str, object]:
+    return {"model": c.model, "prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+
+
+def _reset_prefix_caches(c: ClusterFile) -> None:
+    for e in c.engines:  # earlier tests' prompts must not count
+        assert request(f"{e.url}/reset_prefix_cache", {})[0] == 200
+
+
 def test_a_shared_prefix_goes_to_the_real_engine_that_holds_it(
     real_cluster: ClusterFile, tmp_path: Path
 ) -> None:
-    """Prefix caching on real vLLM (docs/prefix.md): the proxy's index, fed by its own placements and
-    hashing token ids in the engines' 128-token blocks, predicts to the block what the engine serves."""
-    c = real_cluster
+    """Prefix caching on real vLLM without KV events (docs/prefix.md): the proxy's index, fed by its own
+    placements and hashing token ids in the engines' 128-token blocks, predicts to the block what the
+    engine serves."""
+    c = replace(
+        real_cluster, engines=tuple(replace(e, kv_events_endpoint=None) for e in real_cluster.engines)
+    )
     assert len(c.prefill) >= 2 and c.block_tokens == 128
-    for e in c.engines:  # earlier tests' prompts must not count
-        assert request(f"{e.url}/reset_prefix_cache", {})[0] == 200
+    _reset_prefix_caches(c)
     shared = [100 + (i * 37) % 800 for i in range(300)]  # two full 128-token blocks and 44 tokens more
-
-    def completion(suffix: list[int]) -> dict[str, object]:
-        return {
-            "model": c.model,
-            "prompt": shared + suffix,
-            "max_tokens": 4,
-            "temperature": 0,
-            "ignore_eos": True,
-        }
-
     cfg = ProxyConfig(
         cluster=c, calibration=CAL, log_path=tmp_path / "log.jsonl", policy="marginal_cost", prefix_index=True
     )
     with RunningProxy(cfg) as p:
-        assert request(f"{p.url}/v1/completions", completion([11] * 5))[0] == 200
+        assert p.proxy.kv_events is None  # the router's own placements only
+        assert request(f"{p.url}/v1/completions", _completion(c, shared + [11] * 5))[0] == 200
         first = next(read_records(tmp_path / "log.jsonl")).prefill_id
         assert first is not None
         holder = next(e for e in c.prefill if e.id == first)
         hits_before = metric(holder.url, PREFIX_HITS)
-        assert request(f"{p.url}/v1/completions", completion([12] * 40))[0] == 200
+        assert request(f"{p.url}/v1/completions", _completion(c, shared + [12] * 40))[0] == 200
         predicted = p.proxy.router.last_match.get(first, 0)
     second = list(read_records(tmp_path / "log.jsonl"))[-1]
     assert second.prefill_id == first  # the engine that holds the prefix
     assert predicted == 256  # the two shared full blocks
     assert metric(holder.url, PREFIX_HITS) - hits_before == predicted  # what the engine served from cache
     assert second.cached_tokens == predicted  # and what it said it did (usage.prompt_tokens_details)
+
+
+def test_the_precise_prefix_index_learns_from_real_vllms_kv_events(
+    real_cluster: ClusterFile, tmp_path: Path
+) -> None:
+    """The engines publish KV events (--kv-events-config), the proxy subscribes and translates vLLM's block
+    hashes into its own (proxy/vllm_blocks.py): the index knows what each engine caches, including a
+    prompt the proxy never routed, and its prediction is what the engine serves, to the block."""
+    c = real_cluster
+    assert len(c.prefill) == 2 and c.block_tokens == 128
+    assert all(e.kv_events_endpoint is not None for e in c.engines)
+    _reset_prefix_caches(c)
+    shared = [100 + (i * 41) % 900 for i in range(4 * 128 + 44)]  # four full blocks and 44 tokens more
+    unrouted = [200 + (i * 43) % 700 for i in range(3 * 128 + 10)]  # three full blocks and 10 more
+    cfg = ProxyConfig(
+        cluster=c, calibration=CAL, log_path=tmp_path / "log.jsonl", policy="marginal_cost", prefix_index=True
+    )
+    with RunningProxy(cfg) as p:
+        subscriber, index = p.proxy.kv_events, p.proxy.prefix
+        assert subscriber is not None and index is not None
+
+        def until(cond: Callable[[], bool], what: str) -> None:
+            deadline = time.monotonic() + 20
+            while not cond():
+                assert time.monotonic() < deadline, what
+                time.sleep(0.05)
+
+        until(lambda: all(subscriber.is_live(e.id) for e in c.engines), "KV event streams not live")
+        time.sleep(0.3)  # PUB/SUB: the subscription reaches the publisher after the connection
+
+        def predicted_tokens() -> float:
+            return metric(p.url, "calroute_prefix_predicted_cached_tokens_total")
+
+        # 1. A prompt, then the same prompt with a new suffix: the second goes where the first went.
+        assert request(f"{p.url}/v1/completions", _completion(c, shared + [11] * 5))[0] == 200
+        first = next(read_records(tmp_path / "log.jsonl")).prefill_id
+        assert first is not None
+        holder = next(e for e in c.prefill if e.id == first)
+        # the engine's BlockStored arrives a moment after its answer
+        until(
+            lambda: index.match(block_hashes(shared, 128)).get(first) == 512, "no BlockStored for the prompt"
+        )
+        hits_before, predicted_before = metric(holder.url, PREFIX_HITS), predicted_tokens()
+        assert request(f"{p.url}/v1/completions", _completion(c, shared + [12] * 40))[0] == 200
+        second = list(read_records(tmp_path / "log.jsonl"))[-1]
+        assert second.prefill_id == first  # the engine that holds the prefix
+        predicted = predicted_tokens() - predicted_before
+        assert predicted == 512  # the four shared full blocks, as the engine's events said
+        assert metric(holder.url, PREFIX_HITS) - hits_before == predicted  # what the engine served from cache
+        assert second.cached_tokens == predicted  # and what it said it did (usage.prompt_tokens_details)
+
+        # 2. A prompt the proxy never saw, cached straight on the other prefill engine: only its events
+        # can tell the router, and the extended prompt follows it there.
+        other = next(e for e in c.prefill if e.id != first)
+        assert request(f"{other.url}/v1/completions", _completion(c, unrouted))[0] == 200
+        until(lambda: index.match(block_hashes(unrouted, 128)).get(other.id) == 384, "no BlockStored")
+        assert request(f"{p.url}/v1/completions", _completion(c, unrouted + [13] * 20))[0] == 200
+        third = list(read_records(tmp_path / "log.jsonl"))[-1]
+        assert third.prefill_id == other.id and third.cached_tokens == 384
+
+        # every message read and every stored block translated: the events' layout and block size are what
+        # the subscriber expects
+        assert not _has(p.url, "calroute_kv_events_errors_total")
+        assert not _has(p.url, "calroute_kv_events_skipped_blocks_total")
+        assert all(subscriber.is_live(e.id) for e in c.engines)
+
+
+def _has(base_url: str, name: str) -> bool:
+    """Whether any sample of ``name`` is exported (a labelled counter has none before its first inc)."""
+    status, text = request(f"{base_url}/metrics")
+    assert status == 200
+    return any(line.startswith(name + "{") for line in str(text).splitlines())
 
 
 # The subset of the fault matrix (docs/faults.md) real engines can show. They run last: the second one kills

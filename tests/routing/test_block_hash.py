@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from calroute.routing.block_hash import block_hashes
+from calroute.routing.block_hash import ChainLink, block_hashes, extend_chain
 
 B = 16
 
@@ -47,3 +47,29 @@ def test_lists_and_arrays_hash_alike_and_hashes_spread() -> None:
 def test_bad_token_ids_are_a_value_error(bad: list[object]) -> None:
     with pytest.raises(ValueError, match="token ids"):
         block_hashes(bad, B)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("block_tokens", [16, 128])
+@pytest.mark.parametrize("split", [0, 1, 3, 40])
+def test_a_chain_extended_from_a_link_hashes_as_the_whole_prompt(block_tokens: int, split: int) -> None:
+    tokens = np.random.default_rng(2).integers(0, 150_000, 64 * block_tokens + 5).tolist()
+    head = extend_chain(None, tokens[: split * block_tokens], block_tokens)
+    assert len(head) == split and all(link.blocks == i + 1 for i, link in enumerate(head))
+    tail = extend_chain(head[-1] if head else None, tokens[split * block_tokens :], block_tokens)
+    assert [link.block_hash for link in head + tail] == block_hashes(tokens, block_tokens)
+    # a link carries everything its children need: rebuilt from its fields, it chains the same
+    rebuilt = ChainLink(*head[-1]) if head else None
+    assert extend_chain(rebuilt, tokens[split * block_tokens :], block_tokens) == tail
+
+
+def test_a_chain_extended_past_the_precomputed_tables() -> None:
+    tokens = np.random.default_rng(3).integers(0, 50_000, 8300 * B)
+    head = extend_chain(None, tokens[: 8190 * B], B)
+    tail = extend_chain(head[-1], tokens[8190 * B :], B)
+    assert [link.block_hash for link in head + tail] == block_hashes(tokens, B)
+
+
+def test_extending_a_chain_checks_token_ids() -> None:
+    with pytest.raises(ValueError, match="token ids"):
+        extend_chain(None, [-1] * B, B)
+    assert extend_chain(None, [1] * (B - 1), B) == []

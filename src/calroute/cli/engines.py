@@ -103,7 +103,10 @@ def up(
     stream_interval: Annotated[int, typer.Option(min=1, help="emulated: tokens per SSE chunk")] = 1,
     process_per_engine: Annotated[bool, typer.Option(help="emulated: one process per engine")] = False,
     kv_events: Annotated[
-        bool, typer.Option(help="emulated: publish vLLM's KV events (endpoints in the cluster file)")
+        bool,
+        typer.Option(
+            help="publish vLLM's KV events (endpoints in the cluster file), for serve --prefix-index"
+        ),
     ] = False,
     out: Annotated[Path, typer.Option(help="the cluster file to write")] = Path("cluster.yaml"),
     log_dir: Annotated[Path, typer.Option(help="engine logs")] = Path("out/engines"),
@@ -125,10 +128,7 @@ def up(
                 kv_events=kv_events,
             )
         else:
-            if kv_events:
-                # Not wired for real vLLM: its block hashes are not the proxy's (docs/prefix.md).
-                raise ConfigError("--kv-events: emulated engines only")
-            launched = launch.up_vllm(prefill, decode, log_dir, repo_root=Path.cwd())
+            launched = launch.up_vllm(prefill, decode, log_dir, repo_root=Path.cwd(), kv_events=kv_events)
     cluster = launched.file
     cluster.save(out)
     for engine in cluster.engines:

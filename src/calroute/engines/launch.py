@@ -158,15 +158,20 @@ def up_vllm(
     kv_lease_s: float | None = None,
     kv_load_failure_policy: str = "fail",
     timeout_s: float = 240.0,
+    kv_events: bool = False,
 ) -> LaunchedCluster:
+    """``kv_events``: every engine publishes vLLM's KV events on a unix socket in ``log_dir`` (vLLM binds
+    only those or every interface), written into the cluster file (kv_events_endpoint) for the proxy, which
+    translates vLLM's block hashes into its own (proxy/vllm_blocks.py)."""
     venv, model_dir = vllm.default_vllm_paths(repo_root)
     if not vllm.vllm_available(venv, model_dir):
         raise ConfigError(f"real vLLM is not installed in {venv}: run `make vllm` first")
     roles = _roles(prefill, decode)
     started: list[vllm.VllmEngine] = []
     ports = free_ports(2 * len(roles))  # HTTP and NIXL side channel for each engine, all distinct
+    events = {name: vllm.kv_events_endpoint(log_dir, name) for name, _ in roles} if kv_events else {}
     try:
-        for i, (_, role) in enumerate(roles):
+        for i, (name, role) in enumerate(roles):
             cfg = vllm.VllmEngineConfig(
                 port=ports[2 * i],
                 role=role,
@@ -175,6 +180,7 @@ def up_vllm(
                 max_model_len=max_model_len,
                 kv_lease_s=kv_lease_s,
                 kv_load_failure_policy=kv_load_failure_policy,
+                kv_events_endpoint=events.get(name),
             )
             started.append(vllm.start_vllm_engine(cfg, venv, model_dir, log_dir))
         vllm.wait_ready(started, timeout_s)
@@ -188,7 +194,7 @@ def up_vllm(
         model="tiny",
         max_model_len=max_model_len,
         engines=tuple(
-            ClusterEngine(name, role, e.url, kv_tokens)
+            ClusterEngine(name, role, e.url, kv_tokens, events.get(name))
             for (name, role), e in zip(roles, started, strict=True)
         ),
         pgids=tuple(e.pgid for e in started),

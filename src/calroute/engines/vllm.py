@@ -29,6 +29,8 @@ MIB = 1024 * 1024
 CPU_BLOCK_MULTIPLE = 32
 CPU_DEFAULT_BLOCK_TOKENS = 128  # vLLM's KV block size on CPU when --block-size is not given
 KV_LOAD_FAILURE_POLICIES = ("fail", "recompute")
+# The longest path a unix socket (an ipc:// endpoint) may have on Linux, less its NUL.
+_MAX_IPC_PATH_BYTES = 107
 VLLM_VENV_DIRNAME = ".venv-vllm"
 TINY_MODEL_DIRNAME = "tiny-model"
 _COMPLETE_MARKER = ".complete"
@@ -49,6 +51,8 @@ class VllmEngineConfig:
     kv_lease_s: float | None = None
     kv_load_failure_policy: str = "fail"
     nixl: bool = True
+    # Where the engine publishes its KV events (vLLM's --kv-events-config endpoint); None: no events.
+    kv_events_endpoint: str | None = None
     extra_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -71,6 +75,8 @@ class VllmEngineConfig:
                 f"kv_load_failure_policy must be one of {KV_LOAD_FAILURE_POLICIES}, "
                 f"got {self.kv_load_failure_policy!r}"
             )
+        if self.kv_events_endpoint is not None:
+            check_kv_events_endpoint(self.kv_events_endpoint)
         if self.nixl and self.side_channel_port is None:
             # vLLM's default side-channel port would collide as soon as a second NIXL engine starts.
             raise ConfigError("a NIXL engine needs its own side_channel_port")
@@ -85,6 +91,24 @@ class VllmEngine:
     pgid: int
     log_path: Path
     popen: subprocess.Popen[bytes]
+
+
+def check_kv_events_endpoint(endpoint: str) -> None:
+    """vLLM's publisher binds only an ipc:// (or inproc://) endpoint or a wildcard one (tcp://*:PORT, every
+    interface) and connects to any other, expecting the subscriber to bind; the proxy's subscriber connects,
+    so the engine must bind. Servers here bind loopback only: an engine's events go on a unix socket."""
+    if not endpoint.startswith("ipc://"):
+        raise ConfigError(f"kv_events_endpoint must be an ipc:// endpoint (vLLM binds it), got {endpoint!r}")
+    if len(endpoint.removeprefix("ipc://").encode()) > _MAX_IPC_PATH_BYTES:
+        raise ConfigError(
+            f"kv_events_endpoint's path is longer than a unix socket allows ({_MAX_IPC_PATH_BYTES} bytes): "
+            f"{endpoint!r}"
+        )
+
+
+def kv_events_endpoint(directory: Path, name: str) -> str:
+    """An engine's KV-event endpoint: a unix socket in ``directory`` (see check_kv_events_endpoint)."""
+    return f"ipc://{directory.absolute() / f'kv-events-{name}.sock'}"
 
 
 def default_vllm_paths(repo_root: Path) -> tuple[Path, Path]:
@@ -159,6 +183,10 @@ def vllm_command(cfg: VllmEngineConfig, venv: Path, model_dir: Path) -> tuple[li
     ]
     if cfg.block_size is not None:
         argv += ["--block-size", str(cfg.block_size)]
+    if cfg.kv_events_endpoint is not None:
+        # Each step's cached and evicted blocks, for the proxy's precise prefix index (docs/prefix.md).
+        events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": cfg.kv_events_endpoint}
+        argv += ["--kv-events-config", json.dumps(events, separators=(",", ":"))]
     if cfg.nixl:
         argv += ["--kv-transfer-config", _kv_transfer_config(cfg)]
         env |= {

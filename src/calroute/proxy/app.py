@@ -49,8 +49,9 @@ class Proxy:
         self._t0 = time.monotonic()
         self.ledger = Ledger(cfg.cluster.instance_specs(), cfg.calibration)
         self.policy_params: dict[str, Any] = dict(cfg.policy_params)
-        # The prefix index is bounded by the engines' KV capacities (PrefixIndex), and keyed in the
-        # emulator's block size and hashes (prefix.prompt_blocks).
+        # The prefix index is bounded by the engines' KV capacities (PrefixIndex), and keyed in the engines'
+        # block size (the cluster file's, else the emulator's) and the router's hashes (prefix.prompt_blocks;
+        # real vLLM's events are translated into them, vllm_blocks.py).
         block_tokens = cfg.cluster.block_tokens or BLOCK_TOKENS
         self.prefix = PreciseIndex(cfg.cluster.instance_specs(), block_tokens) if cfg.prefix_index else None
         self.router = build_router(
@@ -103,7 +104,14 @@ class Proxy:
             e.id: e.kv_events_endpoint for e in cfg.cluster.engines if e.kv_events_endpoint is not None
         }
         self.kv_events = (
-            KvEventSubscriber(event_endpoints, self.prefix, self.metrics.registry, self.now)
+            KvEventSubscriber(
+                event_endpoints,
+                self.prefix,
+                self.metrics.registry,
+                self.now,
+                # Only the emulator names blocks by the router's own hashes; real vLLM's are translated.
+                translate_hashes=cfg.cluster.kind != "emulated",
+            )
             if self.prefix is not None and event_endpoints
             else None
         )

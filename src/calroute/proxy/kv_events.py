@@ -11,6 +11,11 @@ or on its next good message, with the engine's view cleared: events were missed 
 undecodable message also clears the view (the events they stood for are lost); vLLM's replay socket is not
 used.
 
+The emulator's events name blocks by the router's own hashes. Real vLLM's name them by vLLM's: with
+``translate_hashes`` each engine's stored blocks are translated from the tokens the events carry
+(proxy/vllm_blocks.py), and what cannot be is counted in ``calroute_kv_events_skipped_blocks_total{engine,
+reason}`` and logged (a warning on an engine's first skip for a reason).
+
 Every read is bounded: a message part over ``max_message_bytes`` makes libzmq drop the connection (it
 reconnects; counted as a disconnect), at most ``max_queued_messages`` wait per socket (past that libzmq drops
 and the seq gap shows it), a tick reads at most ``max_messages_per_tick`` per engine, and decoding has
@@ -24,20 +29,18 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-import msgpack
 import zmq
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from zmq.utils.monitor import recv_monitor_message
 
-from calroute.errors import CalrouteError
+from calroute.proxy.kv_wire import BadMessage, Op, decode_batch
+from calroute.proxy.vllm_blocks import BlockTranslator
 from calroute.routing.prefix_index import PrefixIndex
 from calroute.types import InstanceSpec
 
 logger = logging.getLogger(__name__)
 
-_MASK64 = (1 << 64) - 1
 # A message is [topic, seq, payload]: more parts than this are garbage (and read no further than needed).
 _PARTS = 3
 
@@ -56,79 +59,6 @@ class PreciseIndex(PrefixIndex):
             super().placed(instance_id, blocks)
 
 
-class BadMessage(CalrouteError, ValueError):
-    """An event message the subscriber will not apply; ``kind`` labels the error counter."""
-
-    def __init__(self, kind: str, detail: str) -> None:
-        super().__init__(detail)
-        self.kind = kind
-
-
-# An operation on the index: ("stored" | "removed", block ids) or ("cleared", []).
-Op = tuple[str, list[int]]
-
-
-def _block_id(h: Any) -> int:
-    """A wire block hash as the index keys it: ints as they are (to 64 bits), bytes folded to their low 64
-    bits read big-endian, as vLLM's maybe_convert_block_hash makes its ints, so both forms agree."""
-    if isinstance(h, bool):
-        raise BadMessage("schema", "a block hash is a bool")
-    if isinstance(h, int):
-        return h & _MASK64
-    if isinstance(h, bytes):
-        return int.from_bytes(h, "big") & _MASK64
-    raise BadMessage("schema", f"a block hash is a {type(h).__name__}")
-
-
-def _hashes(v: Any) -> list[int]:
-    if not isinstance(v, list):
-        raise BadMessage("schema", "block_hashes is not a list")
-    return [_block_id(h) for h in v]
-
-
-def _event(ev: Any) -> Op | None:
-    """One event, array layout ([tag, fields...]) or map layout ({"type": tag, ...}); None for a tag this
-    subscriber does not know (a newer vLLM's event: skipped, not an error)."""
-    if isinstance(ev, list) and ev and isinstance(ev[0], str):
-        tag, fields = ev[0], ev[1:]
-        first = fields[0] if fields else None
-        medium = fields[5] if tag == "BlockStored" and len(fields) > 5 else None
-        if tag == "BlockRemoved" and len(fields) > 1:
-            medium = fields[1]
-    elif isinstance(ev, dict) and isinstance(ev.get("type"), str):
-        tag, first, medium = ev["type"], ev.get("block_hashes"), ev.get("medium")
-    else:
-        raise BadMessage("schema", "an event is neither [tag, ...] nor {type: tag, ...}")
-    if tag == "AllBlocksCleared":
-        return ("cleared", [])
-    if tag not in ("BlockStored", "BlockRemoved"):
-        return None
-    if medium not in (None, "GPU"):
-        return None  # blocks offloaded to another tier: the router prices device hits only
-    return ("stored" if tag == "BlockStored" else "removed", _hashes(first))
-
-
-def decode_batch(payload: bytes, max_bytes: int) -> list[Op]:
-    """An EventBatch payload as index operations, in order; BadMessage if it is not one."""
-    if len(payload) > max_bytes:
-        raise BadMessage("oversized", f"{len(payload)} bytes")
-    try:
-        # unpackb caps every string, array and map at the payload's own length (bounded above), so a
-        # header claiming 2**32 elements fails instead of allocating.
-        batch = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    except Exception as e:  # msgpack raises several types (ExtraData, FormatError, ValueError, ...)
-        raise BadMessage("decode", f"{type(e).__name__}: {e}") from e
-    if isinstance(batch, list) and len(batch) >= 2:
-        events = batch[1]
-    elif isinstance(batch, dict):
-        events = batch.get("events")
-    else:
-        raise BadMessage("schema", "the batch is neither [ts, events, ...] nor {ts, events, ...}")
-    if not isinstance(events, list):
-        raise BadMessage("schema", "events is not a list")
-    return [op for op in (_event(e) for e in events) if op is not None]
-
-
 @dataclass
 class _Stream:
     engine_id: str
@@ -140,10 +70,13 @@ class _Stream:
     bad_streak: int = 0
     expect_since_s: float | None = None  # events are owed since then (see expect)
     reopen_at_s: float | None = None  # disconnected: a fresh socket then, if libzmq has not reconnected
+    translator: BlockTranslator | None = None  # vLLM's hashes -> the router's (translate_hashes)
+    skips_logged: frozenset[str] = frozenset()  # skip reasons already warned about
 
 
 class KvEventSubscriber:
-    """Feeds ``index`` from the engines' event streams (``endpoints``: engine id -> ZMQ address)."""
+    """Feeds ``index`` from the engines' event streams (``endpoints``: engine id -> ZMQ address).
+    ``translate_hashes``: the engines name blocks by their own hashes (real vLLM), not the router's."""
 
     def __init__(
         self,
@@ -160,8 +93,14 @@ class KvEventSubscriber:
         poll_interval_s: float = 0.01,
         heartbeat_s: float = 1.0,
         reopen_after_s: float = 1.0,
+        translate_hashes: bool = False,
+        translate_slack: int = 2,
     ) -> None:
         self.index = index
+        self.translate_hashes = translate_hashes
+        # A translator holds about what its engine caches; the slack covers a KV capacity the cluster
+        # file underestimates and blocks whose removal is still in flight.
+        self.translate_slack = translate_slack
         self._now = now
         self.max_message_bytes = max_message_bytes
         self.max_queued_messages = max_queued_messages
@@ -192,6 +131,16 @@ class KvEventSubscriber:
             ["engine", "kind"],
             registry=registry,
         )
+        self.skipped = Counter(
+            "calroute_kv_events_skipped_blocks",
+            "Stored blocks of an engine whose hashes are not the router's (real vLLM) that could not be "
+            "translated, by reason: unknown_parent (the block before it was never seen, or was dropped), "
+            "block_size (the engine's block size is not the cluster file's block_tokens), layout (tokens "
+            "and hashes do not line up), keyed (hashed on more than tokens: LoRA, cache salt, multimodal), "
+            "token_ids (not token ids).",
+            ["engine", "reason"],
+            registry=registry,
+        )
         for engine_id in self._endpoints:
             self.live_gauge.labels(engine_id).set(0)
 
@@ -200,7 +149,14 @@ class KvEventSubscriber:
     def start(self) -> None:
         for engine_id, endpoint in self._endpoints.items():
             sock, monitor = self._open(endpoint)
-            self._streams[engine_id] = _Stream(engine_id, endpoint, sock, monitor)
+            translator = (
+                BlockTranslator(
+                    self.index.block_tokens, self.translate_slack * self.index.capacity_blocks(engine_id)
+                )
+                if self.translate_hashes
+                else None
+            )
+            self._streams[engine_id] = _Stream(engine_id, endpoint, sock, monitor, translator=translator)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="kv-events")
 
     def _open(self, endpoint: str) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
@@ -330,20 +286,46 @@ class KvEventSubscriber:
             # Lost (or replayed, or a restarted publisher's) batches: what the view holds is unknown.
             self.errors.labels(s.engine_id, "gap").inc()
             logger.warning("KV events of %s: seq %d after %d, view cleared", s.engine_id, seq, s.last_seq)
-            self.index.cleared(s.engine_id)
+            self._clear_view(s)
         s.last_seq = seq
-        self._apply(s.engine_id, ops)
+        self._apply(s, ops)
         self.messages.labels(s.engine_id).inc()
 
-    def _apply(self, engine_id: str, ops: list[Op]) -> None:
-        index = self.index
-        for op, blocks in ops:
-            if op == "stored":
+    def _apply(self, s: _Stream, ops: list[Op]) -> None:
+        index, engine_id, tr = self.index, s.engine_id, s.translator
+        for op in ops:
+            if op.kind == "stored":
+                blocks = op.blocks
+                if tr is not None:
+                    blocks, why = tr.stored(
+                        op.blocks, op.parent, op.token_ids, op.block_size, op.plain_blocks
+                    )
+                    if why is not None:
+                        self._skipped(s, why, len(op.blocks) - len(blocks))
                 index.stored(engine_id, blocks)
-            elif op == "removed":
-                index.removed(engine_id, blocks)
+            elif op.kind == "removed":
+                index.removed(engine_id, op.blocks if tr is None else tr.removed(op.blocks))
             else:
-                index.cleared(engine_id)
+                self._clear_view(s)
+
+    def _skipped(self, s: _Stream, why: str, blocks: int) -> None:
+        self.skipped.labels(s.engine_id, why).inc(blocks)
+        if why not in s.skips_logged:
+            s.skips_logged |= {why}
+            logger.warning(
+                "KV events of %s: %d stored blocks not translated (%s); the index misses them (further "
+                "skips are counted in calroute_kv_events_skipped_blocks_total)",
+                s.engine_id,
+                blocks,
+                why,
+            )
+
+    def _clear_view(self, s: _Stream) -> None:
+        """What the index holds from this engine's events is no longer known (or the engine said it holds
+        nothing): forget it, and the translations with it."""
+        self.index.cleared(s.engine_id)
+        if s.translator is not None:
+            s.translator.cleared()
 
     def _bad(self, s: _Stream, e: BadMessage, seq: int | None) -> None:
         self.errors.labels(s.engine_id, e.kind).inc()
@@ -352,7 +334,7 @@ class KvEventSubscriber:
         s.bad_streak += 1
         logger.debug("KV events of %s: bad message (%s: %s)", s.engine_id, e.kind, e)
         if self.is_live(s.engine_id):
-            self.index.cleared(s.engine_id)  # the events it stood for are lost
+            self._clear_view(s)  # the events it stood for are lost
             if s.bad_streak >= self.garbage_limit:
                 self._stale(s, f"{s.bad_streak} bad messages in a row ({e.kind})")
 
@@ -364,7 +346,7 @@ class KvEventSubscriber:
         if s.bad_streak >= self.garbage_limit:
             return  # still sending garbage: stays stale until a good message
         # Events were missed while stale (or before connecting): start from an empty view.
-        self.index.cleared(s.engine_id)
+        self._clear_view(s)
         self.index.live.add(s.engine_id)
         self.live_gauge.labels(s.engine_id).set(1)
         logger.info("KV events of %s live (%s): precise prefix view", s.engine_id, why)

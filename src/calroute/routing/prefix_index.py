@@ -82,6 +82,10 @@ class PrefixIndex:
     def reuse_ratios(self) -> dict[str, float]:
         return {iid: self.reuse_ratio(iid) for iid in self._ids}
 
+    def capacity_blocks(self, instance_id: str) -> int:
+        """How many blocks the index keeps for this engine (its KV capacity in blocks)."""
+        return self._capacity_blocks[instance_id]
+
     def blocks_held(self, instance_id: str) -> int:
         return len(self._lru[instance_id])
 
