@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from calroute.routing.block_hash import block_hashes
+from calroute.routing.block_hash import PromptBlocks, block_hashes, root_hash
 
 B = 16
 
@@ -47,3 +47,41 @@ def test_lists_and_arrays_hash_alike_and_hashes_spread() -> None:
 def test_bad_token_ids_are_a_value_error(bad: list[object]) -> None:
     with pytest.raises(ValueError, match="token ids"):
         block_hashes(bad, B)  # type: ignore[arg-type]
+
+
+def test_hashing_resumes_from_any_blocks_hash() -> None:
+    tokens = np.random.default_rng(2).integers(0, 150_000, 40 * B).tolist()
+    full = block_hashes(tokens, B)
+    for k in (1, 7, 39):
+        assert block_hashes(tokens[k * B :], B, parent=full[k - 1]) == full[k:]
+    assert block_hashes(tokens, B, parent=root_hash(B)) == full
+
+
+def test_the_block_size_is_part_of_every_hash() -> None:
+    tokens = list(range(64))
+    assert not set(block_hashes(tokens, 16)) & set(block_hashes(tokens, 32))
+    with pytest.raises(ValueError, match="block_tokens"):
+        block_hashes(tokens, 0)
+
+
+@pytest.mark.parametrize("first", [1, 3, 64])
+def test_prompt_blocks_hash_lazily_what_block_hashes_would(first: int) -> None:
+    tokens = np.random.default_rng(3).integers(0, 150_000, 100 * B + 5).tolist()
+    want = block_hashes(tokens, B)
+    blocks = PromptBlocks(tokens, B, first_blocks=first)
+    assert len(blocks) == 100 and blocks.hashed == 0
+    assert blocks[0] == want[0] and blocks.hashed == min(first, 100)
+    sizes = [len(part) for part in PromptBlocks(tokens, B, first_blocks=first).stretches()]
+    assert sum(sizes) == 100 and sizes[: len(sizes) - 1] == [first * 2**i for i in range(len(sizes) - 1)]
+    assert blocks[-1] == want[-1] and blocks[10:20] == want[10:20]
+    assert list(blocks) == want == PromptBlocks(tokens, B, first).all()
+    assert list(PromptBlocks(np.array(tokens), B)) == want
+
+
+def test_a_bad_token_ends_a_prompts_blocks_where_its_stretch_begins() -> None:
+    tokens = list(range(10 * B))
+    tokens[7 * B + 3] = -1
+    blocks = PromptBlocks(tokens, B, first_blocks=2)  # stretches of 2, 4 and 8 blocks: the third holds it
+    assert list(blocks) == block_hashes(tokens[: 6 * B], B) and len(blocks) == 6
+    with pytest.raises(IndexError):
+        blocks[6]

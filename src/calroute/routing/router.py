@@ -83,7 +83,7 @@ class Router:
         self.true_view: TrueView | None = None
         self._tracked: dict[str, _Tracked] = {}
 
-    def admit(
+    def decide(
         self,
         request_id: str,
         prompt_tokens: int,
@@ -91,10 +91,11 @@ class Router:
         now_s: float,
         oracle_output_tokens: int | None = None,
         prefix_blocks: Sequence[int] = (),
-    ) -> tuple[Admission, RouteDecision]:
-        """Predict, decide on the current view, and commit the decision to the ledger.
+    ) -> tuple[Admission, ClusterView, RouteDecision]:
+        """Predict and decide on the current view, committing nothing (``admit`` does both).
 
-        ``prefix_blocks``: the prompt's block ids, in the prefix index's block size (see PrefixIndex)."""
+        ``prefix_blocks``: the prompt's block ids, in the prefix index's block size (see PrefixIndex); a
+        ``PromptBlocks`` is hashed only as far as the match needs."""
         predicted = self.predictor.predict(prompt_tokens, oracle_output_tokens)
         adm = Admission(request_id, prompt_tokens, predicted, slo_class)
         index = self.prefix
@@ -105,18 +106,37 @@ class Router:
         else:
             reuse = index.reuse_ratios() if index is not None and prefix_blocks else None
             view = _panic(self.ledger.view(now_s, match, reuse))
-        decision = self.policy.route(adm, view)
+        return adm, view, self.policy.route(adm, view)
+
+    def admit(
+        self,
+        request_id: str,
+        prompt_tokens: int,
+        slo_class: SloClass,
+        now_s: float,
+        oracle_output_tokens: int | None = None,
+        prefix_blocks: Sequence[int] = (),
+    ) -> tuple[Admission, RouteDecision]:
+        """Predict, decide on the current view, and commit the decision to the ledger (and the prompt's
+        blocks to the prefix index, as placed: all of them, hashing the rest of a ``PromptBlocks``).
+
+        ``prefix_blocks``: the prompt's block ids, in the prefix index's block size (see PrefixIndex)."""
+        adm, view, decision = self.decide(
+            request_id, prompt_tokens, slo_class, now_s, oracle_output_tokens, prefix_blocks
+        )
         if self.on_decision is not None:
             self.on_decision(adm, view, decision)
+        match = self.last_match
         self.ledger.admit(
             request_id,
             decision.prefill_id,
             decision.decode_id,
             prompt_tokens,
-            predicted,
+            adm.predicted_output_tokens,
             now_s,
             match.get(decision.prefill_id, 0) if match else 0,
         )
+        index = self.prefix
         if index is not None and prefix_blocks and self.record_placements:
             index.placed(decision.prefill_id, prefix_blocks)
             index.placed(decision.decode_id, prefix_blocks)
