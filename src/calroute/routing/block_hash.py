@@ -6,7 +6,7 @@ do, so two prompts share their first k hashes exactly when they share their firs
 vLLM hashes block by block with sha256 (in Python; about half a millisecond for an 8k-token prompt here),
 which a router deciding in tens of microseconds cannot afford on every request. This one is a polynomial
 over the token ids, vectorized with numpy: ``S_t = S_(t-1) x Q + token_t`` mod 2^64 (Q odd), from a root
-that depends on the block size, and block j's hash is S at the block's last token. So a block's hash is
+that is the block size, and block j's hash is S at the block's last token. So a block's hash is
 the chain's state there: hashing resumes from any block's hash (``parent``), and a stretch of blocks is
 hashed at once as ``Q^t x (Q x parent + cumsum(token_t x Q^-t))`` read at each block's end. It is not a
 cryptographic hash: a client could craft two prompts whose blocks collide (as for any polynomial hash
@@ -53,12 +53,9 @@ _Q_INV_POW.flags.writeable = False
 
 
 def root_hash(block_tokens: int) -> int:
-    """The chain's state before a prompt's first block (a splitmix64 finalizer of the block size), so that
-    prompts hashed in different block sizes never share hashes."""
-    x = (block_tokens + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
+    """The chain's state before a prompt's first block: the block size, so that prompts hashed in
+    different block sizes do not share hashes."""
+    return block_tokens
 
 
 def _stretch(tokens: TokenIds, start: int, block_tokens: int, n: int, parent: int) -> list[int]:

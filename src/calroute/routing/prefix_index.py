@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from itertools import groupby, repeat
+from itertools import groupby
 
 from calroute.errors import ConfigError
 from calroute.routing.block_hash import PromptBlocks
@@ -66,24 +66,30 @@ class PrefixIndex:
             # Consecutive blocks with the same holders, in one C-level pass: the running set can shrink
             # only where the holders change, and those places are few, so Python looks at them alone.
             # The lookups are lazy: they stop with the walk.
-            for held, same in groupby(map(get, part, repeat(0))):
+            for held, same in groupby(map(get, part)):
+                if held is None:  # nobody holds this block: the engines still running end here
+                    break
                 dropped = running & ~held
                 if dropped:
-                    if run:
+                    if not run:
+                        pass
+                    elif dropped & (dropped - 1):
                         self._credit(out, dropped, run * tokens, ids)
+                    else:  # one engine, the usual case
+                        out[ids[dropped.bit_length() - 1]] = run * tokens
                     running ^= dropped
-                    if not running:  # nobody holds this block: none of the rest can hit
+                    if not running:  # nobody holds all blocks so far: none of the rest can hit
                         return out
                 run += len(list(same))
+            else:
+                continue
+            break  # the inner walk ended at a block nobody holds: hash and walk no further
         if run:
             self._credit(out, running, run * tokens, ids)
         return out
 
     @staticmethod
     def _credit(out: dict[str, int], mask: int, tokens: int, ids: list[str]) -> None:
-        if not mask & (mask - 1):  # one engine, the usual case
-            out[ids[mask.bit_length() - 1]] = tokens
-            return
         while mask:  # over the set bits only: a 256-engine pool loses a few engines per block
             low = mask & -mask
             out[ids[low.bit_length() - 1]] = tokens

@@ -12,7 +12,7 @@ from calroute.costmodel.predictors import OutputLengthPredictor
 from calroute.policies.base import RoutingPolicy
 from calroute.routing.ledger import Ledger
 from calroute.routing.prefix_index import PrefixIndex
-from calroute.types import Admission, ClusterView, RouteDecision, SloClass
+from calroute.types import Admission, ClusterView, InstanceState, RouteDecision, SloClass
 
 DecisionHook = Callable[[Admission, ClusterView, RouteDecision], None]
 # The simulator's truth for a policy that may see it (policies/oracle.py): (now, seq, blocks, prompt) -> view.
@@ -46,11 +46,19 @@ def _panic(view: ClusterView) -> ClusterView:
     Health marks can be wrong (a probe times out on an overloaded engine); trying is the only way to know,
     and a request that then fails everywhere still gets a clear error after its retries.
     """
-    if not any(s.healthy for s in view.prefill):
+    if not _any_healthy(view.prefill):
         view = view.replace(prefill=tuple(s.replace(healthy=True) for s in view.prefill))
-    if not any(s.healthy for s in view.decode):
+    if not _any_healthy(view.decode):
         view = view.replace(decode=tuple(s.replace(healthy=True) for s in view.decode))
     return view
+
+
+def _any_healthy(pool: tuple[InstanceState, ...]) -> bool:
+    # a loop, not any() over a generator: a generator's frame costs more than the pool's first member
+    for s in pool:
+        if s.healthy:
+            return True
+    return False
 
 
 class Router:
