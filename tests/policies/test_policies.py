@@ -328,6 +328,14 @@ def test_marginal_cost_charges_decode_only_the_blocks_it_must_pull(calibration: 
     assert d.decode_scores[1] < d.decode_scores[2] < d.decode_scores[0] == d.decode_scores[3]
     off = make_policy("marginal_cost", {"use_prefix_cache": False}, calibration)
     assert off.route(make_admission(prompt_tokens=8192), view).decode_id == "decode-0"  # a four-way tie
+    # the pull is the calibrated transfer time of what the candidate lacks, to the bit (route() writes
+    # Calibration.transfer_s out), and nothing for one that lacks nothing
+    full = make_view(decode=[{"cached_tokens": 8192}, {"cached_tokens": 4000}])
+    f = make_policy("marginal_cost", {}, calibration).route(make_admission(prompt_tokens=8192), full)
+    g = off.route(make_admission(prompt_tokens=8192), full)
+    sigma = 1.0  # a loose request
+    assert f.decode_scores[0] == g.decode_scores[0]
+    assert f.decode_scores[1] == g.decode_scores[1] + sigma * 1.0 * calibration.transfer_s(8192 - 4000)
 
 
 def test_marginal_cost_prices_what_a_prompt_would_evict(calibration: Calibration) -> None:

@@ -105,11 +105,14 @@ def test_a_shared_prefix_goes_where_the_events_say_it_is_cached(
 def test_the_proxy_hashes_text_and_token_prompts_as_the_emulator_does() -> None:
     text = tokens.text_of_tokens(100, salt=1)
     ids = tokens.encode(text)
-    assert prompt_blocks({"prompt": text}, chat=False) == prefix_block_ids(ids)
-    assert prompt_blocks({"prompt": ids}, chat=False) == prefix_block_ids(ids)
-    assert prompt_blocks({"prompt": [ids]}, chat=False) == prefix_block_ids(ids)
+    assert list(prompt_blocks({"prompt": text}, chat=False)) == prefix_block_ids(ids)
+    assert list(prompt_blocks({"prompt": ids}, chat=False)) == prefix_block_ids(ids)
+    assert list(prompt_blocks({"prompt": [ids]}, chat=False)) == prefix_block_ids(ids)
     chat = {"messages": [{"role": "user", "content": text}]}
-    assert prompt_blocks(chat, chat=True) == prefix_block_ids(
+    assert list(prompt_blocks(chat, chat=True)) == prefix_block_ids(
         tokens.encode(tokens.chat_prompt([("user", text)]))
     )
-    assert prompt_blocks({"prompt": [-1] * 40}, chat=False) == []  # the engine refuses it: no blocks
+    # the engine refuses these: a negative id ends the blocks (here the first), a body it cannot read has none
+    negative = prompt_blocks({"prompt": [-1] * 40}, chat=False)
+    assert list(negative) == [] and len(negative) == 0
+    assert list(prompt_blocks({"prompt": [[1], [2]]}, chat=False)) == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from calroute.routing.block_hash import ChainLink, block_hashes, extend_chain
+from calroute.routing.block_hash import PromptBlocks, block_hashes, root_hash
 
 B = 16
 
@@ -49,27 +49,45 @@ def test_bad_token_ids_are_a_value_error(bad: list[object]) -> None:
         block_hashes(bad, B)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("block_tokens", [16, 128])
-@pytest.mark.parametrize("split", [0, 1, 3, 40])
-def test_a_chain_extended_from_a_link_hashes_as_the_whole_prompt(block_tokens: int, split: int) -> None:
-    tokens = np.random.default_rng(2).integers(0, 150_000, 64 * block_tokens + 5).tolist()
-    head = extend_chain(None, tokens[: split * block_tokens], block_tokens)
-    assert len(head) == split and all(link.blocks == i + 1 for i, link in enumerate(head))
-    tail = extend_chain(head[-1] if head else None, tokens[split * block_tokens :], block_tokens)
-    assert [link.block_hash for link in head + tail] == block_hashes(tokens, block_tokens)
-    # a link carries everything its children need: rebuilt from its fields, it chains the same
-    rebuilt = ChainLink(*head[-1]) if head else None
-    assert extend_chain(rebuilt, tokens[split * block_tokens :], block_tokens) == tail
+def test_hashing_resumes_from_any_blocks_hash() -> None:
+    tokens = np.random.default_rng(2).integers(0, 150_000, 40 * B).tolist()
+    full = block_hashes(tokens, B)
+    for k in (1, 7, 39):
+        assert block_hashes(tokens[k * B :], B, parent=full[k - 1]) == full[k:]
+    assert block_hashes(tokens, B, parent=root_hash(B)) == full
 
 
-def test_a_chain_extended_past_the_precomputed_tables() -> None:
+def test_the_block_size_is_part_of_every_hash() -> None:
+    tokens = list(range(64))
+    assert not set(block_hashes(tokens, 16)) & set(block_hashes(tokens, 32))
+    with pytest.raises(ValueError, match="block_tokens"):
+        block_hashes(tokens, 0)
+
+
+@pytest.mark.parametrize("first", [1, 3, 64])
+def test_prompt_blocks_hash_lazily_what_block_hashes_would(first: int) -> None:
+    tokens = np.random.default_rng(3).integers(0, 150_000, 100 * B + 5).tolist()
+    want = block_hashes(tokens, B)
+    blocks = PromptBlocks(tokens, B, first_blocks=first)
+    assert len(blocks) == 100 and blocks.hashed == 0
+    assert blocks[0] == want[0] and blocks.hashed == min(first, 100)
+    sizes = [len(part) for part in PromptBlocks(tokens, B, first_blocks=first).stretches()]
+    assert sum(sizes) == 100 and sizes[: len(sizes) - 1] == [first * 2**i for i in range(len(sizes) - 1)]
+    assert blocks[-1] == want[-1] and blocks[10:20] == want[10:20]
+    assert list(blocks) == want == PromptBlocks(tokens, B, first).all()
+    assert list(PromptBlocks(np.array(tokens), B)) == want
+
+
+def test_a_bad_token_ends_a_prompts_blocks_where_its_stretch_begins() -> None:
+    tokens = list(range(10 * B))
+    tokens[7 * B + 3] = -1
+    blocks = PromptBlocks(tokens, B, first_blocks=2)  # stretches of 2, 4 and 8 blocks: the third holds it
+    assert list(blocks) == block_hashes(tokens[: 6 * B], B) and len(blocks) == 6
+    with pytest.raises(IndexError):
+        blocks[6]
+
+
+def test_hashing_resumes_past_the_precomputed_tables() -> None:
     tokens = np.random.default_rng(3).integers(0, 50_000, 8300 * B)
-    head = extend_chain(None, tokens[: 8190 * B], B)
-    tail = extend_chain(head[-1], tokens[8190 * B :], B)
-    assert [link.block_hash for link in head + tail] == block_hashes(tokens, B)
-
-
-def test_extending_a_chain_checks_token_ids() -> None:
-    with pytest.raises(ValueError, match="token ids"):
-        extend_chain(None, [-1] * B, B)
-    assert extend_chain(None, [1] * (B - 1), B) == []
+    head = block_hashes(tokens[: 8190 * B], B)
+    assert head + block_hashes(tokens[8190 * B :], B, parent=head[-1]) == block_hashes(tokens, B)

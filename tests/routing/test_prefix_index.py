@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from calroute.errors import ConfigError
+from calroute.routing.block_hash import PromptBlocks, block_hashes
 from calroute.routing.prefix_index import PrefixIndex
 from calroute.types import InstanceSpec, Role
 
@@ -96,3 +98,39 @@ def test_removed_events_count_as_evictions_too() -> None:
     ix.removed("e0", (1, 2))
     ix.stored("e0", (1,))
     assert ix.reuse_ratio("e0") == pytest.approx(0.5, rel=0.2)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_match_agrees_with_a_block_by_block_walk(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = [3, 70][seed % 2]  # a mask past 64 bits too
+    ix = index(capacity_blocks=60, n=n)  # no engine is given more than 60 blocks: none evicts
+    prompt = list(range(1000, 1050))
+    held: dict[str, set[int]] = {}
+    for i in range(n):
+        if rng.random() < 0.8:  # a leading share of the prompt, perhaps with holes, and other blocks
+            share = [b for b in prompt[: rng.integers(0, 50)] if rng.random() < 0.97]
+            others = rng.integers(0, 2000, 10).tolist()
+            ix.stored(f"e{i}", share + others)
+            held[f"e{i}"] = set(share) | set(others)
+    for blocks in (prompt, prompt[:7], prompt[3:], []):
+        want = {}
+        for iid, bs in held.items():
+            run = next((k for k, b in enumerate(blocks) if b not in bs), len(blocks))
+            if run:
+                want[iid] = run * B
+        assert ix.match(blocks) == want == ix.match(tuple(blocks))
+
+
+def test_a_lazy_prompt_is_hashed_only_as_far_as_some_engine_holds_it() -> None:
+    tokens = list(range(200 * B))
+    hashes = block_hashes(tokens, B)
+    ix = index(capacity_blocks=300)
+    ix.stored("e0", hashes[:3])
+    ix.stored("e1", hashes[:40])
+    blocks = PromptBlocks(tokens, B, first_blocks=16)
+    assert ix.match(blocks) == {"e0": 3 * B, "e1": 40 * B} == ix.match(hashes)
+    assert blocks.hashed == 16 + 32  # the stretch with block 40 (nobody's) ends the walk
+    ix.stored("e2", hashes)
+    assert ix.match(PromptBlocks(tokens, B, first_blocks=16)) == {"e0": 3 * B, "e1": 40 * B, "e2": 200 * B}
+    assert ix.match(PromptBlocks([], B)) == {}

@@ -10,7 +10,9 @@ import pytest
 
 from calroute.costmodel.calibration import Calibration
 from calroute.costmodel.online import OnlineCalibrator
+from calroute.routing.block_hash import PromptBlocks, block_hashes
 from calroute.routing.ledger import Ledger
+from calroute.routing.prefix_index import PrefixIndex
 from calroute.routing.router import OnlineRecalibration, Router
 from calroute.types import Admission, ClusterView, InstanceSpec, Role, RouteDecision, SloClass
 
@@ -98,6 +100,23 @@ def test_admit_predicts_routes_and_commits(calibration: Calibration) -> None:
     router.done("r", 700, 55, 2.0, ok=True, first_token_s=1.3)
     assert predictor.observed == [(700, 55)]
     assert in_flight(ledger, 2.0) == {"p0": 0, "p1": 0, "d0": 0, "d1": 0}
+
+
+def test_decide_commits_nothing_and_admit_places_the_whole_lazy_prompt(calibration: Calibration) -> None:
+    ledger, policy = Ledger(SPECS, calibration), Policy()
+    index = PrefixIndex(SPECS, 16)
+    tokens = list(range(100 * 16))
+    hashes = block_hashes(tokens, 16)
+    index.stored("p1", hashes[:10])
+    router = Router(policy, Predictor(), ledger, prefix=index)
+    blocks = PromptBlocks(tokens, 16, first_blocks=4)
+    adm, view, decision = router.decide("r", len(tokens), SloClass.TIGHT, 1.0, prefix_blocks=blocks)
+    assert router.last_match == {"p1": 160} and [s.cached_tokens for s in view.prefill] == [0, 160]
+    assert blocks.hashed == 4 + 8  # block 10 is nobody's: the walk stopped in the second stretch
+    assert in_flight(ledger, 1.0) == {"p0": 0, "p1": 0, "d0": 0, "d1": 0} and len(index) == 10
+    router.admit("r", len(tokens), SloClass.TIGHT, 1.0, prefix_blocks=blocks)
+    assert in_flight(ledger, 1.0) == {"p0": 0, "p1": 1, "d0": 0, "d1": 1}
+    assert index.match(hashes) == {"p1": 1600, "d1": 1600}  # placed: every block, hashed for it
 
 
 def test_a_failed_request_teaches_the_predictor_nothing(calibration: Calibration) -> None:

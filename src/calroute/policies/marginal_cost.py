@@ -116,6 +116,10 @@ class MarginalCost:
         self.tau_dec_s = calibration.tau_dec_s
         self.step = calibration.decode
         self.transfer_s = calibration.transfer_s
+        # Calibration.transfer_s's terms, for route() to price a pull without two calls per candidate
+        self._pull_latency_s = calibration.transfer.latency_s
+        self._pull_bytes_per_token = calibration.kv_bytes_per_token
+        self._pull_bytes_per_s = calibration.transfer.bandwidth_bytes_per_s
 
     def route(self, adm: Admission, view: ClusterView) -> RouteDecision:
         # Params read into locals, and plain loops: a generator or comprehension would turn those locals into
@@ -134,16 +138,18 @@ class MarginalCost:
         w_b, w_b_dec, w_q = pr.w_b, pr.w_b_dec, pr.w_q
 
         tau_pre_s = self.tau_pre_s
+        w_s, w_evict, w_cobatch = pr.w_s, pr.w_evict, pr.w_cobatch
         prefix = pr.use_prefix_cache
         costs = []
         for s in pre:
-            compute = prompt - s.cached_tokens if prefix and s.cached_tokens else prompt
+            cached = s.cached_tokens
+            compute = prompt - cached if prefix and cached else prompt
             if compute < 0:
                 compute = 0
-            own_pre_s = pr.w_s * compute * tau_pre_s
+            own_pre_s = w_s * compute * tau_pre_s
             if prefix and s.evicted_reuse_ratio:
-                own_pre_s += pr.w_evict * s.evicted_reuse_ratio * compute * tau_pre_s
-            per_queued_s = w_q + pr.w_cobatch * compute * tau_pre_s
+                own_pre_s += w_evict * s.evicted_reuse_ratio * compute * tau_pre_s
+            per_queued_s = w_q + w_cobatch * compute * tau_pre_s
             costs.append(sigma * (w_b * s.backlog_s + own_pre_s) + per_queued_s * s.in_flight)
         pre_costs = tuple(costs)
         pull = False
@@ -151,11 +157,18 @@ class MarginalCost:
             for s in dec:
                 if s.cached_tokens:
                     pull = True
-        own_dec_s = pr.w_s * o_hat * self.tau_dec_s
+                    break
+        sigma_w_s = sigma * w_s
+        pull_latency_s, pull_bytes, pull_bytes_per_s = (
+            self._pull_latency_s,
+            self._pull_bytes_per_token,
+            self._pull_bytes_per_s,
+        )
+        own_dec_s = w_s * o_hat * self.tau_dec_s
         footprint = prompt + o_hat
         costs = []
         if pr.step_curve:
-            own_tokens = pr.w_s * o_hat
+            own_tokens = w_s * o_hat
             base_s, per_seq_s, per_ctx_s = self.step.base_s, self.step.per_seq_s, self.step.per_ctx_token_s
             for s in dec:
                 used, committed = s.kv_used_tokens, s.kv_committed_tokens
@@ -167,7 +180,11 @@ class MarginalCost:
                     sigma * (w_b_dec * s.backlog_s + own_tokens * step_s * (1.0 + cliff)) + w_q * s.in_flight
                 )
                 if pull:
-                    cost += sigma * pr.w_s * self._pull_s(prompt, s.cached_tokens)
+                    # the seconds to pull the prompt's KV that the candidate lacks: Calibration.transfer_s
+                    # written out, the same arithmetic
+                    left = prompt - s.cached_tokens
+                    if left > 0:
+                        cost += sigma_w_s * (pull_latency_s + left * pull_bytes / pull_bytes_per_s)
                 costs.append(cost)
         else:
             for s in dec:
@@ -178,14 +195,13 @@ class MarginalCost:
                     + w_q * s.in_flight
                 )
                 if pull:
-                    cost += sigma * pr.w_s * self._pull_s(prompt, s.cached_tokens)
+                    # the seconds to pull the prompt's KV that the candidate lacks: Calibration.transfer_s
+                    # written out, the same arithmetic
+                    left = prompt - s.cached_tokens
+                    if left > 0:
+                        cost += sigma_w_s * (pull_latency_s + left * pull_bytes / pull_bytes_per_s)
                 costs.append(cost)
         dec_costs = tuple(costs)
         p = argmin_rotating(pre_costs, view.seq)
         d = argmin_rotating(dec_costs, view.seq)
         return RouteDecision(pre[p].instance_id, dec[d].instance_id, pre_costs, dec_costs)
-
-    def _pull_s(self, prompt_tokens: int, cached_tokens: int) -> float:
-        """Seconds to pull the prompt's KV blocks that the decode engine does not hold."""
-        left = prompt_tokens - cached_tokens
-        return self.transfer_s(left) if left > 0 else 0.0

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -100,7 +100,7 @@ class Flight:
     # The prompt's blocks as the prefix index names them (empty without an index, or for a prompt the
     # proxy cannot tokenize), the tokens the index expected the chosen prefill engine to hold, and what
     # that engine said it served from its cache (kv_transfer_params.remote_prefill_cached_tokens).
-    prefix_blocks: list[int] = field(default_factory=list)
+    prefix_blocks: Sequence[int] = ()  # a PromptBlocks: hashed as far as the router asks (proxy/prefix.py)
     predicted_cached_tokens: int = 0
     cached_tokens: int = 0
 

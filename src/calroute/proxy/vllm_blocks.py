@@ -19,21 +19,22 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from calroute.routing.block_hash import ChainLink, extend_chain
+from calroute.routing.block_hash import block_hashes
 
 # Why a stored block was not translated (the ``reason`` label of the skipped-blocks counter).
 SKIP_REASONS = ("unknown_parent", "block_size", "layout", "keyed", "token_ids")
 
 
 class BlockTranslator:
-    """One engine's map, vLLM block hash -> the router's chain link for the same block: entries added on
-    BlockStored, dropped on BlockRemoved, all on AllBlocksCleared (or when the subscriber clears the engine's
-    view), and bounded by ``max_blocks`` (least recently stored or chained on dropped first)."""
+    """One engine's map, vLLM block hash -> the router's hash of the same block (the chain's state there,
+    so the blocks after it chain on it alone): entries added on BlockStored, dropped on BlockRemoved, all on
+    AllBlocksCleared (or when the subscriber clears the engine's view), and bounded by ``max_blocks`` (least
+    recently stored or chained on dropped first)."""
 
     def __init__(self, block_tokens: int, max_blocks: int) -> None:
         self.block_tokens = block_tokens
         self.max_blocks = max(1, max_blocks)
-        self._links: OrderedDict[int, ChainLink] = OrderedDict()
+        self._links: OrderedDict[int, int] = OrderedDict()
         self.dropped = 0  # entries dropped at the cap
 
     def __len__(self) -> int:
@@ -64,14 +65,14 @@ class BlockTranslator:
         why = None if n == len(blocks) else "keyed"
         if n == 0:
             return [], why
-        link: ChainLink | None = None
+        link: int | None = None
         if parent is not None:
             link = self._links.get(parent)
             if link is None:
                 return [], "unknown_parent"
             self._links.move_to_end(parent)
         try:
-            chain = extend_chain(link, token_ids[: n * self.block_tokens], self.block_tokens)
+            chain = block_hashes(token_ids[: n * self.block_tokens], self.block_tokens, parent=link)
         except ValueError:
             return [], "token_ids"
         links = self._links
@@ -81,7 +82,7 @@ class BlockTranslator:
         while len(links) > self.max_blocks:
             links.popitem(last=False)
             self.dropped += 1
-        return [own.block_hash for own in chain], why
+        return chain, why
 
     def removed(self, blocks: list[int]) -> list[int]:
         """The router's hashes of the blocks the engine evicted (those it never translated are ignored)."""
@@ -89,7 +90,7 @@ class BlockTranslator:
         for b in blocks:
             own = self._links.pop(b, None)
             if own is not None:
-                out.append(own.block_hash)
+                out.append(own)
         return out
 
     def cleared(self) -> None:

@@ -4,42 +4,37 @@ Block j's hash stands for the prompt's first (j + 1) x block_tokens tokens, as v
 do, so two prompts share their first k hashes exactly when they share their first k blocks of tokens.
 
 vLLM hashes block by block with sha256 (in Python; about half a millisecond for an 8k-token prompt here),
-which a router deciding in tens of microseconds cannot afford on every request. This one is vectorized
-with numpy: each block's tokens are folded into a 64-bit word and mixed, and the chain is a polynomial in
-those words, ``H_j = sum_{b <= j} h_b * P^(j - b)`` mod 2^64, computed for every j at once as
-``P^j * cumsum(h_b * P^-b)`` (P odd, so invertible mod 2^64); each H_j is mixed again with j. It is not a
-cryptographic hash: a client could craft two prompts whose blocks collide, and the cost would be a
-misrouted request (the engine computes what it does not hold). The emulator caches under the same
-hashes, so the router's index and the engines' KV events speak of the same blocks. Real vLLM hashes with
-its own function, so the proxy translates its events' blocks into these hashes from the tokens they carry
-(``extend_chain``: the blocks after a known one, without the tokens before it; proxy/vllm_blocks.py).
+which a router deciding in tens of microseconds cannot afford on every request. This one is a polynomial
+over the token ids, vectorized with numpy: ``S_t = S_(t-1) x Q + token_t`` mod 2^64 (Q odd), from a root
+that is the block size, and block j's hash is S at the block's last token. So a block's hash is
+the chain's state there: hashing resumes from any block's hash (``parent``), and a stretch of blocks is
+hashed at once as ``Q^t x (Q x parent + cumsum(token_t x Q^-t))`` read at each block's end. It is not a
+cryptographic hash: a client could craft two prompts whose blocks collide (as for any polynomial hash
+mod 2^64), and the cost would be a misrouted request (the engine computes what it does not hold). The
+emulator caches under the same hashes, so the router's index and the engines' KV events speak of the
+same blocks; against real vLLM the precise source needs vLLM's own hash (docs/prefix.md).
+
+Most of the cost is turning a list of Python ints into a machine array (about 3.5 ns a token here) and a
+fixed cost per numpy call, so a router that needs only the blocks some engine may hold hashes no further:
+``PromptBlocks`` hashes a prompt in stretches as they are asked for (the prefix index's match stops at
+the first block no engine holds).
 """
 
 from __future__ import annotations
 
 import array
-from collections.abc import Sequence
-from typing import Final, NamedTuple
+from collections.abc import Iterator, Sequence
+from typing import Final, overload
 
 import numpy as np
 import numpy.typing as npt
 
 _U64 = np.uint64
-_FOLD: Final = _U64(0x9E3779B97F4A7C15)  # token position weights within a block: powers of this
-_P: Final = 0xD6E8FEB86659FD93  # the chain's base, odd
-_P_INV: Final = pow(_P, -1, 1 << 64)
-_M1: Final = _U64(0xBF58476D1CE4E5B9)
-_M2: Final = _U64(0x94D049BB133111EB)
-_S30: Final = _U64(30)
-_S27: Final = _U64(27)
-_S31: Final = _U64(31)
+_MASK64: Final = (1 << 64) - 1
+_Q: Final = 0xD6E8FEB86659FD93  # the chain's base, odd
+_Q_INV: Final = pow(_Q, -1, 1 << 64)
 
-
-def _mix(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
-    """splitmix64's finalizer, elementwise (wrapping uint64 arithmetic)."""
-    x = (x ^ (x >> _S30)) * _M1
-    x = (x ^ (x >> _S27)) * _M2
-    return x ^ (x >> _S31)
+TokenIds = Sequence[int] | npt.NDArray[np.integer]
 
 
 def _powers(base: int, n: int) -> npt.NDArray[np.uint64]:
@@ -49,95 +44,154 @@ def _powers(base: int, n: int) -> npt.NDArray[np.uint64]:
     return np.cumprod(out, dtype=_U64)
 
 
-# Computed once: the tables a call slices (prompts up to _TABLE_BLOCKS blocks; longer ones compute theirs).
-_TABLE_BLOCKS: Final = 8192
-with np.errstate(over="ignore"):
-    _P_POW: Final = _powers(_P, _TABLE_BLOCKS)
-    _P_INV_POW: Final = _powers(_P_INV, _TABLE_BLOCKS)
-    _SALT: Final = _mix(np.arange(1, _TABLE_BLOCKS + 1, dtype=_U64))
-    _FOLD_POW: Final = _powers(int(_FOLD), _TABLE_BLOCKS)
-_P_POW.flags.writeable = False
-_P_INV_POW.flags.writeable = False
-_SALT.flags.writeable = False
-_FOLD_POW.flags.writeable = False
+# Computed once (2 MiB): a stretch hashes at most _TABLE_TOKENS tokens; longer prompts take several.
+_TABLE_TOKENS: Final = 1 << 17
+_Q_POW: Final = _powers(_Q, _TABLE_TOKENS)
+_Q_INV_POW: Final = _powers(_Q_INV, _TABLE_TOKENS)
+_Q_POW.flags.writeable = False
+_Q_INV_POW.flags.writeable = False
 
 
-def _block_words(
-    token_ids: Sequence[int] | npt.NDArray[np.integer], n: int, block_tokens: int
-) -> npt.NDArray[np.uint64]:
-    """Each of the first ``n`` full blocks folded into one mixed 64-bit word (ValueError for bad ids).
-    Called under ``np.errstate(over="ignore")``: the arithmetic wraps mod 2^64 on purpose."""
-    head = token_ids[: n * block_tokens]
+def root_hash(block_tokens: int) -> int:
+    """The chain's state before a prompt's first block: the block size, so that prompts hashed in
+    different block sizes do not share hashes."""
+    return block_tokens
+
+
+def _stretch(tokens: TokenIds, start: int, block_tokens: int, n: int, parent: int) -> list[int]:
+    """The hashes of ``n`` full blocks of ``tokens`` from token ``start`` on (n x block_tokens <=
+    _TABLE_TOKENS), chained from ``parent``. ValueError for a token id that is negative, too large or not
+    an integer. Five numpy calls: on a stretch of 64 blocks each costs about what converting a block's
+    tokens does."""
+    m = n * block_tokens
+    head = tokens[start : start + m]
     if isinstance(head, np.ndarray):
         if head.size and int(head.min()) < 0:
             raise ValueError("token ids must be >= 0")
-        flat = head.astype(_U64, copy=False)
+        s = head.astype(_U64) * _Q_INV_POW[:m]
     else:
+        machine = array.array("Q")
         try:
-            # through array.array: three times faster than np.asarray on a list of ints
-            flat = np.frombuffer(array.array("Q", head), dtype=_U64)
+            # array.array's fromlist converts a list of ints five times faster than np.asarray (3.5 ns
+            # a token here), a third faster than array.array("Q", list)
+            if isinstance(head, list):
+                machine.fromlist(head)
+            else:
+                machine.extend(head)
         except (OverflowError, TypeError) as e:
             raise ValueError(f"token ids must be integers in [0, 2^64): {e}") from e
-    tokens = flat.reshape(n, block_tokens)
-    weights = _FOLD_POW[:block_tokens] if block_tokens <= _TABLE_BLOCKS else _powers(int(_FOLD), block_tokens)
-    # an integer matmul wraps mod 2^64 like the elementwise ops, at half their cost
-    return _mix(tokens @ weights + _U64(block_tokens))
+        s = np.frombuffer(machine, dtype=_U64) * _Q_INV_POW[:m]
+    s[0] = (s.item(0) + _Q * parent) & _MASK64  # the parent's term: Q^0 x (Q x parent)
+    s = np.add.accumulate(s)  # a quarter of np.cumsum's cost on short arrays
+    ends = s[block_tokens - 1 :: block_tokens]
+    ends *= _Q_POW[block_tokens - 1 : m : block_tokens]
+    return ends.tolist()  # type: ignore[no-any-return]
 
 
-def block_hashes(token_ids: Sequence[int] | npt.NDArray[np.integer], block_tokens: int) -> list[int]:
-    """One hash per full block of ``block_tokens`` tokens (a trailing partial block has none).
+def _check_block_tokens(block_tokens: int) -> None:
+    if not 1 <= block_tokens <= _TABLE_TOKENS:
+        raise ValueError(f"block_tokens must be in [1, {_TABLE_TOKENS}], got {block_tokens}")
+
+
+def block_hashes(token_ids: TokenIds, block_tokens: int, parent: int | None = None) -> list[int]:
+    """One hash per full block of ``block_tokens`` tokens (a trailing partial block has none), chained from
+    ``parent`` (the hash of the block before the first of ``token_ids``; None: they start a prompt), so
+    ``block_hashes(ids[k * B:], B, parent=block_hashes(ids, B)[k - 1]) == block_hashes(ids, B)[k:]``.
 
     ValueError for a token id that is negative or not an integer (a client's prompt is untrusted)."""
+    _check_block_tokens(block_tokens)
+    state = root_hash(block_tokens) if parent is None else parent & _MASK64
     n = len(token_ids) // block_tokens
-    if n == 0:
-        return []
-    with np.errstate(over="ignore"):
-        words = _block_words(token_ids, n, block_tokens)
-        if n <= _TABLE_BLOCKS:
-            p_pow, p_inv_pow, salt = _P_POW[:n], _P_INV_POW[:n], _SALT[:n]
-        else:
-            p_pow, p_inv_pow = _powers(_P, n), _powers(_P_INV, n)
-            salt = _mix(np.arange(1, n + 1, dtype=_U64))
-        hashes = _mix(p_pow * np.cumsum(words * p_inv_pow, dtype=_U64) ^ salt)
-    return hashes.tolist()  # type: ignore[no-any-return]
+    out: list[int] = []
+    done = 0
+    per_stretch = _TABLE_TOKENS // block_tokens
+    while done < n:
+        k = min(n - done, per_stretch)
+        part = _stretch(token_ids, done * block_tokens, block_tokens, k, state)
+        out += part
+        state = part[-1]
+        done += k
+    return out
 
 
-class ChainLink(NamedTuple):
-    """One block of a chain: its hash, and what the blocks after it need to chain on it without the
-    tokens before it (how many blocks the chain has up to it, and the chain's running sum there)."""
+class PromptBlocks(Sequence[int]):
+    """A prompt's block hashes (those of ``block_hashes``), computed in stretches as they are asked for.
 
-    block_hash: int
-    blocks: int
-    acc: int
+    ``stretches()`` hashes from the first block on, each stretch twice as long as the one before (from
+    ``first_blocks``): a reader that stops early, as the prefix index's match does at the first block no
+    engine holds, leaves the rest of the prompt unconverted. Indexing or iterating hashes as far as needed.
+    A token id that cannot be hashed (negative, not an integer) ends the prompt's blocks where its stretch
+    begins, and ``len`` shrinks to that; an engine refuses such a prompt anyway.
+    """
 
+    __slots__ = ("_tokens", "block_tokens", "_n", "_hashes", "_next_size")
 
-def _pow_range(table: npt.NDArray[np.uint64], base: int, start: int, n: int) -> npt.NDArray[np.uint64]:
-    """base^start .. base^(start + n - 1) mod 2^64."""
-    if start + n <= _TABLE_BLOCKS:
-        return table[start : start + n]
-    return _U64(pow(base, start, 1 << 64)) * _powers(base, n)
+    def __init__(self, token_ids: TokenIds, block_tokens: int, first_blocks: int = 64) -> None:
+        _check_block_tokens(block_tokens)
+        if first_blocks < 1:
+            raise ValueError(f"first_blocks must be >= 1, got {first_blocks}")
+        self._tokens = token_ids
+        self.block_tokens = block_tokens
+        self._n = len(token_ids) // block_tokens
+        self._hashes: list[int] = []
+        self._next_size = first_blocks
 
+    def __len__(self) -> int:
+        return self._n
 
-def extend_chain(
-    parent: ChainLink | None, token_ids: Sequence[int] | npt.NDArray[np.integer], block_tokens: int
-) -> list[ChainLink]:
-    """The full blocks of ``token_ids`` chained on ``parent`` (None: they start the prompt), as links whose
-    hashes are what ``block_hashes`` gives those blocks within the whole prompt. ValueError for bad ids."""
-    n = len(token_ids) // block_tokens
-    if n == 0:
-        return []
-    start, acc0 = (0, 0) if parent is None else (parent.blocks, parent.acc)
-    with np.errstate(over="ignore"):
-        words = _block_words(token_ids, n, block_tokens)
-        p_pow = _pow_range(_P_POW, _P, start, n)
-        p_inv_pow = _pow_range(_P_INV_POW, _P_INV, start, n)
-        if start + n <= _TABLE_BLOCKS:
-            salt = _SALT[start : start + n]
-        else:
-            salt = _mix(np.arange(start + 1, start + n + 1, dtype=_U64))
-        accs = np.cumsum(words * p_inv_pow, dtype=_U64) + _U64(acc0)
-        hashes = _mix(p_pow * accs ^ salt)
-    return [
-        ChainLink(h, start + 1 + i, a)
-        for i, (h, a) in enumerate(zip(hashes.tolist(), accs.tolist(), strict=True))
-    ]
+    @property
+    def hashed(self) -> int:
+        """How many blocks are hashed so far."""
+        return len(self._hashes)
+
+    def _extend(self) -> list[int]:
+        """Hash the next stretch; [] when every block is hashed (or a bad token id ended the prompt)."""
+        done = len(self._hashes)
+        k = min(self._n - done, self._next_size, _TABLE_TOKENS // self.block_tokens)
+        if k <= 0:
+            return []
+        parent = self._hashes[-1] if done else root_hash(self.block_tokens)
+        try:
+            part = _stretch(self._tokens, done * self.block_tokens, self.block_tokens, k, parent)
+        except ValueError:
+            self._n = done
+            return []
+        self._hashes += part
+        self._next_size *= 2
+        return part
+
+    def stretches(self) -> Iterator[list[int]]:
+        """The hashes from the first block on, in consecutive stretches (already hashed ones first)."""
+        if self._hashes:
+            yield self._hashes[:]
+        while part := self._extend():
+            yield part
+
+    def all(self) -> list[int]:
+        """Every block's hash (hashing the rest)."""
+        while self._extend():
+            pass
+        return self._hashes
+
+    @overload
+    def __getitem__(self, i: int) -> int: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[int]: ...
+
+    def __getitem__(self, i: int | slice) -> int | list[int]:
+        if isinstance(i, slice):
+            start, stop, _ = i.indices(self._n)
+            while len(self._hashes) < stop and self._extend():
+                pass
+            return self._hashes[i]
+        j = i + self._n if i < 0 else i
+        while len(self._hashes) <= j < self._n and self._extend():
+            pass
+        if not 0 <= j < len(self._hashes):
+            raise IndexError("block index out of range")
+        return self._hashes[j]
+
+    def __iter__(self) -> Iterator[int]:
+        for part in self.stretches():
+            yield from part

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from itertools import groupby
 
 from calroute.errors import ConfigError
+from calroute.routing.block_hash import PromptBlocks
 from calroute.types import InstanceSpec
 
 
@@ -32,6 +34,7 @@ class PrefixIndex:
         self.block_tokens = block_tokens
         self._ids = [s.instance_id for s in instances]
         self._bit = {iid: 1 << i for i, iid in enumerate(self._ids)}
+        self._all = (1 << len(self._ids)) - 1
         self._capacity_blocks = {
             s.instance_id: max(1, s.kv_capacity_tokens // block_tokens) for s in instances
         }
@@ -43,31 +46,50 @@ class PrefixIndex:
         self._evicted = dict.fromkeys(self._ids, 0.0)
         self._regretted = dict.fromkeys(self._ids, 0.0)
         self._decay = {iid: 1.0 - 1.0 / cap for iid, cap in self._capacity_blocks.items()}
+        # reuse_ratio per engine, refreshed whenever its counts change (once per event, not per decision)
+        self._reuse = dict.fromkeys(self._ids, 0.0)
 
     # ---- queries ------------------------------------------------------------------------------------
 
     def match(self, blocks: Sequence[int]) -> dict[str, int]:
         """Cached prompt tokens per engine: the longest leading run of ``blocks`` each holds (engines with
-        none are left out)."""
-        holders = self._holders
+        none are left out). A ``PromptBlocks`` is hashed only as far as some engine holds its blocks."""
+        get = self._holders.get
+        ids = self._ids
         out: dict[str, int] = {}
-        mask = -1
-        run = 0
-        for b in blocks:
-            held = mask & holders.get(b, 0)
-            if held != mask and run:
-                self._credit(out, mask & ~held, run)
-            mask = held
-            if not mask:
-                return out
-            run += 1
+        running = self._all  # the engines holding every block so far
+        if not running:
+            return out
+        tokens = self.block_tokens
+        run = 0  # blocks walked
+        for part in blocks.stretches() if isinstance(blocks, PromptBlocks) else (blocks,):
+            # Consecutive blocks with the same holders, in one C-level pass: the running set can shrink
+            # only where the holders change, and those places are few, so Python looks at them alone.
+            # The lookups are lazy: they stop with the walk.
+            for held, same in groupby(map(get, part)):
+                if held is None:  # nobody holds this block: the engines still running end here
+                    break
+                dropped = running & ~held
+                if dropped:
+                    if not run:
+                        pass
+                    elif dropped & (dropped - 1):
+                        self._credit(out, dropped, run * tokens, ids)
+                    else:  # one engine, the usual case
+                        out[ids[dropped.bit_length() - 1]] = run * tokens
+                    running ^= dropped
+                    if not running:  # nobody holds all blocks so far: none of the rest can hit
+                        return out
+                run += len(list(same))
+            else:
+                continue
+            break  # the inner walk ended at a block nobody holds: hash and walk no further
         if run:
-            self._credit(out, mask, run)
+            self._credit(out, running, run * tokens, ids)
         return out
 
-    def _credit(self, out: dict[str, int], mask: int, run: int) -> None:
-        tokens = run * self.block_tokens
-        ids = self._ids
+    @staticmethod
+    def _credit(out: dict[str, int], mask: int, tokens: int, ids: list[str]) -> None:
         while mask:  # over the set bits only: a 256-engine pool loses a few engines per block
             low = mask & -mask
             out[ids[low.bit_length() - 1]] = tokens
@@ -80,7 +102,7 @@ class PrefixIndex:
         return self._regretted[instance_id] / evicted if evicted >= 1.0 else 0.0
 
     def reuse_ratios(self) -> dict[str, float]:
-        return {iid: self.reuse_ratio(iid) for iid in self._ids}
+        return self._reuse.copy()
 
     def capacity_blocks(self, instance_id: str) -> int:
         """How many blocks the index keeps for this engine (its KV capacity in blocks)."""
@@ -119,6 +141,7 @@ class PrefixIndex:
             old, _ = lru.popitem(last=False)
             self._drop(old, bit)
             self._evict(instance_id, old, cap)
+        self._reuse[instance_id] = self.reuse_ratio(instance_id)
 
     def removed(self, instance_id: str, blocks: Iterable[int]) -> None:
         """The engine evicted these blocks (unknown ones are ignored: events may overtake the index)."""
@@ -130,6 +153,7 @@ class PrefixIndex:
                 del lru[b]
                 self._drop(b, bit)
                 self._evict(instance_id, b, cap)
+        self._reuse[instance_id] = self.reuse_ratio(instance_id)
 
     def cleared(self, instance_id: str) -> None:
         """The engine dropped its whole cache (vLLM's AllBlocksCleared; also a restarted engine)."""

@@ -12,7 +12,7 @@ from calroute.costmodel.predictors import OutputLengthPredictor
 from calroute.policies.base import RoutingPolicy
 from calroute.routing.ledger import Ledger
 from calroute.routing.prefix_index import PrefixIndex
-from calroute.types import Admission, ClusterView, RouteDecision, SloClass
+from calroute.types import Admission, ClusterView, InstanceState, RouteDecision, SloClass
 
 DecisionHook = Callable[[Admission, ClusterView, RouteDecision], None]
 # The simulator's truth for a policy that may see it (policies/oracle.py): (now, seq, blocks, prompt) -> view.
@@ -46,11 +46,19 @@ def _panic(view: ClusterView) -> ClusterView:
     Health marks can be wrong (a probe times out on an overloaded engine); trying is the only way to know,
     and a request that then fails everywhere still gets a clear error after its retries.
     """
-    if not any(s.healthy for s in view.prefill):
+    if not _any_healthy(view.prefill):
         view = view.replace(prefill=tuple(s.replace(healthy=True) for s in view.prefill))
-    if not any(s.healthy for s in view.decode):
+    if not _any_healthy(view.decode):
         view = view.replace(decode=tuple(s.replace(healthy=True) for s in view.decode))
     return view
+
+
+def _any_healthy(pool: tuple[InstanceState, ...]) -> bool:
+    # a loop, not any() over a generator: a generator's frame costs more than the pool's first member
+    for s in pool:
+        if s.healthy:
+            return True
+    return False
 
 
 class Router:
@@ -83,7 +91,7 @@ class Router:
         self.true_view: TrueView | None = None
         self._tracked: dict[str, _Tracked] = {}
 
-    def admit(
+    def decide(
         self,
         request_id: str,
         prompt_tokens: int,
@@ -91,10 +99,11 @@ class Router:
         now_s: float,
         oracle_output_tokens: int | None = None,
         prefix_blocks: Sequence[int] = (),
-    ) -> tuple[Admission, RouteDecision]:
-        """Predict, decide on the current view, and commit the decision to the ledger.
+    ) -> tuple[Admission, ClusterView, RouteDecision]:
+        """Predict and decide on the current view, committing nothing (``admit`` does both).
 
-        ``prefix_blocks``: the prompt's block ids, in the prefix index's block size (see PrefixIndex)."""
+        ``prefix_blocks``: the prompt's block ids, in the prefix index's block size (see PrefixIndex); a
+        ``PromptBlocks`` is hashed only as far as the match needs."""
         predicted = self.predictor.predict(prompt_tokens, oracle_output_tokens)
         adm = Admission(request_id, prompt_tokens, predicted, slo_class)
         index = self.prefix
@@ -105,18 +114,37 @@ class Router:
         else:
             reuse = index.reuse_ratios() if index is not None and prefix_blocks else None
             view = _panic(self.ledger.view(now_s, match, reuse))
-        decision = self.policy.route(adm, view)
+        return adm, view, self.policy.route(adm, view)
+
+    def admit(
+        self,
+        request_id: str,
+        prompt_tokens: int,
+        slo_class: SloClass,
+        now_s: float,
+        oracle_output_tokens: int | None = None,
+        prefix_blocks: Sequence[int] = (),
+    ) -> tuple[Admission, RouteDecision]:
+        """Predict, decide on the current view, and commit the decision to the ledger (and the prompt's
+        blocks to the prefix index, as placed: all of them, hashing the rest of a ``PromptBlocks``).
+
+        ``prefix_blocks``: the prompt's block ids, in the prefix index's block size (see PrefixIndex)."""
+        adm, view, decision = self.decide(
+            request_id, prompt_tokens, slo_class, now_s, oracle_output_tokens, prefix_blocks
+        )
         if self.on_decision is not None:
             self.on_decision(adm, view, decision)
+        match = self.last_match
         self.ledger.admit(
             request_id,
             decision.prefill_id,
             decision.decode_id,
             prompt_tokens,
-            predicted,
+            adm.predicted_output_tokens,
             now_s,
             match.get(decision.prefill_id, 0) if match else 0,
         )
+        index = self.prefix
         if index is not None and prefix_blocks and self.record_placements:
             index.placed(decision.prefill_id, prefix_blocks)
             index.placed(decision.decode_id, prefix_blocks)
