@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -26,21 +25,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+if __package__ in (None, ""):  # run as a script (python benchmarks/NAME.py): the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.machine import machine  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def machine() -> dict[str, object]:
-    """What ran the benchmark: VMs differ by 2x between sessions, so results carry the CPU they ran on."""
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    load_1m = os.getloadavg()[0]
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": sys.version.split()[0], "load_1m": load_1m}
 
 
 def git_commit() -> str | None:

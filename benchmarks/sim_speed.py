@@ -29,6 +29,10 @@ from calroute.experiments.compare import SimSetup, saturate
 from calroute.sim.simulator import ClusterShape
 from calroute.workload.source import FamilyWorkload
 
+if __package__ in (None, ""):  # run as a script (python benchmarks/NAME.py): the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.machine import machine  # noqa: E402
+
 
 def timed_run(
     setup: SimSetup, requests: int, rate: float, stretch: int | None, out: Path
@@ -85,19 +89,6 @@ def run_child(requests: int, rate: float, stretch: int | None, compiled: bool) -
     if doc["compiled"] != compiled:
         raise SystemExit(f"expected a {'compiled' if compiled else 'source'} run, got the other")
     return doc
-
-
-def machine() -> dict[str, object]:
-    """What ran the benchmark: VMs differ by 2x between sessions, so results carry the CPU they ran on."""
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": sys.version.split()[0]}
 
 
 def main() -> None:

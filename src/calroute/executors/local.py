@@ -6,14 +6,15 @@ import multiprocessing
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
-from types import TracebackType
 from typing import TypeVar
+
+from calroute.executors.base import Closing
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 
-class LocalExecutor:
+class LocalExecutor(Closing):
     kind = "local"
 
     def __init__(self, workers: int | None = None) -> None:
@@ -62,11 +63,3 @@ class LocalExecutor:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
-
-    def __enter__(self) -> LocalExecutor:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()

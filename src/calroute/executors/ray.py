@@ -15,13 +15,13 @@ import logging
 import os
 import socket
 from collections.abc import Callable, Sequence
-from types import TracebackType
 from typing import Any, TypeVar
 
 import ray
 from ray.exceptions import RayTaskError
 
 from calroute.errors import ConfigError
+from calroute.executors.base import Closing
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -57,7 +57,7 @@ def probe_address(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
         ) from e
 
 
-class RayExecutor:
+class RayExecutor(Closing):
     kind = "ray"
 
     def __init__(self, workers: int | None = None, address: str | None = None) -> None:
@@ -134,11 +134,3 @@ class RayExecutor:
         if self._open:
             self._open = False
             ray.shutdown()
-
-    def __enter__(self) -> RayExecutor:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()

@@ -1,0 +1,25 @@
+"""What ran a benchmark: VMs differ by 2x between sessions, so results carry the CPU they ran on."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+
+def machine() -> dict[str, object]:
+    """The CPU model, core count, Python version and the 1-minute load average when asked."""
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "load_1m": os.getloadavg()[0],
+    }
