@@ -39,7 +39,7 @@ def _cell(goodputs: dict[str, list[float]]) -> CellResult:
             {"a": [0.80, 0.85, 0.90], "b": [0.70, 0.86, 0.91]},
             "b",
             # (sd 6.35 points: a 2.7-point gap would need 25 traces for its t interval to exclude zero)
-            r"-2\.7 \[-10\.0, \+1\.0\] n=3 within noise \(n = 3\); needs n = 25",
+            r"-2\.7 \[-10\.0, \+1\.0\] within noise \(n = 3\); needs n = 25",
         ),
         # the best variant itself
         ({"a": [0.80, 0.85, 0.90], "b": [0.70, 0.86, 0.91]}, "a", "-"),

@@ -42,7 +42,7 @@ def test_the_report_refreshes_each_section_with_intervals_and_what_would_resolve
     rows = {line.split(" | ")[1]: line for line in section.splitlines() if line.startswith("| 1P2D")}
     assert "-0.2 [-0.3, -0.1] n=3 loss |" in rows["least_loaded"]
     # -0.2, -0.7, +0.6 points: mean -0.1, sd 0.66: 168 traces for an interval narrower than 0.1 point
-    assert "-0.1 [-0.7, +0.6] n=3 within noise (n = 3); needs n = 168 |" in rows["marginal_cost"]
+    assert "-0.1 [-0.7, +0.6] within noise (n = 3); needs n = 168 |" in rows["marginal_cost"]
     assert "| - |" in rows["round_robin"]
 
 
@@ -63,7 +63,7 @@ def test_the_ablation_summary_gives_each_change_its_interval(tmp_path: Path) -> 
         },
     )
     summary = EXPERIMENTS["ablation"].report([cell], tmp_path).split("\n\n")[1]
-    assert "no-slo +1.0 [-1.7, +2.8] n=3 within noise (n = 3); needs n = " in summary
+    assert "no-slo +1.0 [-1.7, +2.8] within noise (n = 3); needs n = " in summary
     assert "no-prompt-length -1.0 [-1.0, -1.0] n=3 loss" in summary
 
 
@@ -85,4 +85,4 @@ def test_the_failure_regions_summary_pairs_ours_with_the_best_baseline(tmp_path:
     # the summary table comes first; the goodput table's rows start with the cell and a variant
     row = next(line for line in report.splitlines() if line.startswith("| mixed-bursty | least_loaded |"))
     # the live cell: a 2.9-point mean lead that trails on one trace is within noise, not a win
-    assert row.endswith("| +2.9 [-0.7, +6.8] n=3 within noise (n = 3); needs n = 9 |")
+    assert row.endswith("| +2.9 [-0.7, +6.8] within noise (n = 3); needs n = 9 |")

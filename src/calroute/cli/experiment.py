@@ -45,6 +45,10 @@ def experiment(
         int | None, typer.Option(help="requests per run (default: by backend and --quick)")
     ] = None,
     seeds: Annotated[int | None, typer.Option(help="seeds per variant (default: 3, --quick 1)")] = None,
+    first_seed: Annotated[
+        int,
+        typer.Option(min=0, help="S: runs use seeds S..S+K-1 (validation apart from training)"),
+    ] = 0,
     time_scale: Annotated[
         float, typer.Option(help="emulated engines: modelled durations times this (0.5: a GPU twice as fast)")
     ] = 1.0,
@@ -84,7 +88,8 @@ def experiment(
         default = scale_for(backend.value, quick)
         if (requests is not None and requests < 1) or (seeds is not None and seeds < 1):
             raise ConfigError(f"--requests and --seeds must be >= 1, got {requests}, {seeds}")
-        scale = Scale(requests or default.requests, tuple(range(seeds)) if seeds else default.seeds)
+        count = seeds or len(default.seeds)
+        scale = Scale(requests or default.requests, tuple(range(first_seed, first_seed + count)))
         pool: Executor | None = None
         if backend is not BackendKind.sim:
             # Refused rather than ignored: a live backend runs one cluster at a time, so they could only

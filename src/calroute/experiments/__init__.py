@@ -9,11 +9,13 @@ from calroute.experiments.calibration import CalibrationValue
 from calroute.experiments.failure_regions import FailureRegions
 from calroute.experiments.fidelity import Fidelity
 from calroute.experiments.frontier import Frontier
+from calroute.experiments.headroom import Headroom
 from calroute.experiments.heterogeneity import Heterogeneity
 from calroute.experiments.mixed_bursty import MixedBursty
 from calroute.experiments.noise import Noise
 from calroute.experiments.prefix import PrefixReuse
 from calroute.experiments.scarcity import Scarcity
+from calroute.experiments.tuned import TunedCheck
 from calroute.experiments.width import Width
 
 EXPERIMENTS: dict[str, Experiment] = {
@@ -30,12 +32,17 @@ EXPERIMENTS: dict[str, Experiment] = {
         FailureRegions(),
         Fidelity(),
         PrefixReuse(),
+        Headroom(),
+        TunedCheck(),
     )
 }
 
 
-# What `calroute experiment all` runs: the paper's experiments. The others (prefix) run by name.
-PAPER_EXPERIMENTS: tuple[str, ...] = tuple(name for name in EXPERIMENTS if name != "prefix")
+# What `calroute experiment all` runs: the paper's experiments. The others run by name: prefix, and the
+# tuning's headroom and live check, which read the tuned parameters in docs/results/tuning.
+PAPER_EXPERIMENTS: tuple[str, ...] = tuple(
+    name for name in EXPERIMENTS if name not in ("prefix", "headroom", "tuned")
+)
 
 
 def get_experiment(name: str) -> Experiment:

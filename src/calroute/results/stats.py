@@ -53,9 +53,9 @@ class PairedDiff:
         f = f"{{:+.{digits}f}}"
         if self.n < 2:
             return f"{f.format(self.mean)} (n = {self.n}, no interval)"
-        return (
-            f"{f.format(self.mean)} [{f.format(self.low)}, {f.format(self.high)}] n={self.n} {self.verdict}"
-        )
+        # a within-noise verdict names its n already
+        n = f" n={self.n}" if self.verdict in ("win", "loss") else ""
+        return f"{f.format(self.mean)} [{f.format(self.low)}, {f.format(self.high)}]{n} {self.verdict}"
 
 
 def paired_difference(a: Sequence[float], b: Sequence[float]) -> PairedDiff:

@@ -1,0 +1,144 @@
+"""The headroom experiment and the live check of tuned weights: which variants a params file adds, the
+summary's paired figures, the warning when a run seed was trained on, and `--first-seed`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from calroute.cli.app import app
+from calroute.experiments import headroom, tuned
+from calroute.experiments.cells import CellResult, Run
+from calroute.results.metrics import RunSummary
+
+
+def _params(path: Path, policy: str, seeds: list[int], **params: float) -> None:
+    doc = {"format": "calroute-params/1", "policy": policy, "params": params, "training": {"seeds": seeds}}
+    path.write_text(json.dumps(doc))
+
+
+@pytest.fixture
+def tuning_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    d = tmp_path / "tuning"
+    d.mkdir()
+    monkeypatch.setattr(headroom, "TUNING_DIR", d)
+    monkeypatch.setattr(tuned, "TUNING_DIR", d)
+    return d
+
+
+def _labels(exp: headroom.Headroom | tuned.TunedCheck, family: str) -> dict[str, dict[str, object]]:
+    cell = next(c for c in exp.cells(quick=False) if c.key == family)
+    return {v.label: v.params for v in cell.variants}
+
+
+@pytest.mark.parametrize(
+    ("files", "family", "expected"),
+    [
+        # no file: no tuned variant, nothing invented
+        ([], "chat", {"round_robin", "least_loaded", "length_heuristic", "marginal_cost", "oracle"}),
+        # marginal_cost's file also prices the oracle with its weights
+        (
+            [("chat.json", "marginal_cost")],
+            "chat",
+            {"round_robin", "least_loaded", "length_heuristic", "marginal_cost", "oracle"}
+            | {"marginal_cost-tuned", "oracle-mc-tuned"},
+        ),
+        # the prefix families' baselines are the prefix-aware peers; the oracle's own study adds its variant
+        (
+            [("agentic.json", "marginal_cost"), ("oracle-agentic.json", "oracle")],
+            "agentic",
+            {"least_loaded", "prefix_scorer_mix", "kv_overlap_cost", "cache_aware", "marginal_cost", "oracle"}
+            | {"marginal_cost-tuned", "oracle-mc-tuned", "oracle-tuned"},
+        ),
+    ],
+)
+def test_headroom_variants_follow_the_params_files(
+    tuning_dir: Path, files: list[tuple[str, str]], family: str, expected: set[str]
+) -> None:
+    for name, policy in files:
+        _params(tuning_dir / name, policy, [0, 1, 2, 3], w_evict=2.5)
+    labels = _labels(headroom.Headroom(), family)
+    assert set(labels) == expected
+    for label in expected - {"round_robin", "least_loaded", "length_heuristic", "marginal_cost", "oracle"}:
+        if "tuned" in label:
+            assert labels[label] == {"w_evict": 2.5}
+
+
+def test_a_bad_params_file_is_an_error_naming_it(tuning_dir: Path) -> None:
+    _params(tuning_dir / "chat.json", "marginal_cost", [0], no_such_weight=1.0)
+    with pytest.raises(Exception, match="chat.json.*no_such_weight"):
+        headroom.Headroom().cells(quick=False)
+
+
+def _summary(goodput: float) -> RunSummary:
+    return RunSummary(400, 400, round(400 * goodput), goodput, 0.1, 0.3, 0.01, 0.011, 30.0, 10.0, {"ok": 400})
+
+
+def _cell(family: str, goodputs: dict[str, list[float]], first_seed: int) -> CellResult:
+    runs = tuple(
+        Run(label, first_seed + i, _summary(g)) for label, gs in goodputs.items() for i, g in enumerate(gs)
+    )
+    return CellResult(family, "sim", 5.0, runs)
+
+
+def test_headroom_summary_pairs_the_best_baseline_tuning_and_the_bound(
+    tuning_dir: Path, tmp_path: Path
+) -> None:
+    _params(tuning_dir / "shared-prefix.json", "marginal_cost", [0, 1, 2, 3], w_evict=2.5)
+    cell = _cell(
+        "shared-prefix",
+        {
+            "least_loaded": [0.60, 0.62, 0.58],
+            "prefix_scorer_mix": [0.88, 0.90, 0.86],  # the best baseline
+            "marginal_cost": [0.85, 0.86, 0.84],  # behind it on every seed
+            "oracle": [0.80, 0.85, 0.83],
+            "marginal_cost-tuned": [0.89, 0.90, 0.88],
+            "oracle-mc-tuned": [0.90, 0.91, 0.89],  # the bound
+        },
+        first_seed=4,
+    )
+    text = headroom.Headroom().report([cell], tmp_path)
+    row = next(line for line in text.splitlines() if line.startswith("| shared-prefix | 5.00 |"))
+    assert "prefix_scorer_mix 0.880" in row
+    assert "-3.0 [" in row and "loss" in row  # hand-set marginal_cost minus the mix
+    assert "+4.0 [+4.0, +4.0] n=3 win" in row  # tuned minus hand-set
+    assert "+1.0 [+1.0, +1.0] n=3 win (vs marginal_cost-tuned)" in row
+    assert "oracle-mc-tuned 0.900" in row and "(vs marginal_cost-tuned)" in row
+    assert "Not a validation" not in text
+    assert "No params file in docs/results/tuning for: oracle-tuned" in text
+
+
+def test_a_run_on_training_seeds_is_flagged(tuning_dir: Path, tmp_path: Path) -> None:
+    _params(tuning_dir / "shared-prefix.json", "marginal_cost", [0, 1, 2, 3], w_evict=2.5)
+    goodputs = {"marginal_cost": [0.85, 0.86], "marginal_cost-tuned": [0.86, 0.87]}
+    text = tuned.TunedCheck().report([_cell("shared-prefix", goodputs, first_seed=3)], tmp_path)
+    assert "**Not a validation:** marginal_cost-tuned (shared-prefix.json) was trained on seeds [3]" in text
+    assert "- marginal_cost-tuned: +1.0 [+1.0, +1.0] n=2 win" in text
+
+
+def test_tuned_check_without_a_params_file_says_it_is_missing(tuning_dir: Path, tmp_path: Path) -> None:
+    labels = _labels(tuned.TunedCheck(), "shared-prefix")
+    assert set(labels) == {"least_loaded", "prefix_scorer_mix", "marginal_cost"}
+    text = tuned.TunedCheck().report([_cell("shared-prefix", {"marginal_cost": [0.8]}, 4)], tmp_path)
+    assert "the tuned variant is missing" in text
+
+
+def test_first_seed_sets_the_seeds_an_experiment_runs(tuning_dir: Path, tmp_path: Path) -> None:
+    _params(tuning_dir / "shared-prefix.json", "marginal_cost", [0, 1, 2, 3], w_evict=2.5)
+    out = tmp_path / "out"
+    args = ["experiment", "tuned", "--requests", "60", "--seeds", "2", "--first-seed", "4", "--workers", "1"]
+    result = CliRunner().invoke(app, [*args, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    saved = json.loads((out / "sim" / "tuned" / "results.json").read_text())
+    assert sorted({r["seed"] for r in saved[0]["runs"]}) == [4, 5]
+    assert {r["label"] for r in saved[0]["runs"]} == {
+        "least_loaded",
+        "prefix_scorer_mix",
+        "marginal_cost",
+        "marginal_cost-tuned",
+    }
+    report = (out / "sim" / "tuned" / "report.md").read_text()
+    assert "Not a validation" not in report
