@@ -35,7 +35,9 @@ class BackendKind(StrEnum):
 
 
 def experiment(
-    name: Annotated[str, typer.Argument(help="an experiment name, or all: the paper's (prefix by name)")],
+    name: Annotated[
+        str, typer.Argument(help="an experiment name, or all: the paper's (prefix, headroom, tuned by name)")
+    ],
     backend: Annotated[BackendKind, typer.Option(help="where to run it")] = BackendKind.sim,
     quick: Annotated[bool, typer.Option(help="small and fast: one seed, fewer points and requests")] = False,
     out: Annotated[Path, typer.Option(help="results directory (resumable: finished cells are kept)")] = Path(
