@@ -15,8 +15,9 @@ from calroute.experiments.cells import CellResult, Run
 from calroute.results.metrics import RunSummary
 
 
-def _params(path: Path, policy: str, seeds: list[int], **params: float) -> None:
-    doc = {"format": "calroute-params/1", "policy": policy, "params": params, "training": {"seeds": seeds}}
+def _params(path: Path, policy: str, seeds: list[int], rate_rps: float = 5.0, **params: float) -> None:
+    training = {"seeds": seeds, "saturation": {"rate_rps": rate_rps}}
+    doc = {"format": "calroute-params/1", "policy": policy, "params": params, "training": training}
     path.write_text(json.dumps(doc))
 
 
@@ -65,6 +66,14 @@ def test_headroom_variants_follow_the_params_files(
     for label in expected - {"round_robin", "least_loaded", "length_heuristic", "marginal_cost", "oracle"}:
         if "tuned" in label:
             assert labels[label] == {"w_evict": 2.5}
+
+
+def test_a_family_runs_where_its_study_trained(tuning_dir: Path) -> None:
+    _params(tuning_dir / "agentic.json", "marginal_cost", [0], rate_rps=1.25)
+    _params(tuning_dir / "oracle-agentic.json", "oracle", [0], rate_rps=9.0)  # the oracle's own: not it
+    cells = {c.key: c for c in headroom.Headroom().cells(quick=False)}
+    assert cells["agentic"].rate_rps == 1.25
+    assert cells["chat"].rate_rps is None  # no study: a fresh saturation search
 
 
 def test_a_bad_params_file_is_an_error_naming_it(tuning_dir: Path) -> None:

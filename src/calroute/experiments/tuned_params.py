@@ -20,6 +20,7 @@ class Tuned:
     variant: Variant
     path: Path
     training_seeds: tuple[int, ...]
+    saturation_rps: float | None  # where the study trained: the hand-set parameters' saturation rate
 
 
 def tuned_variant(label: str, policy: str, path: Path) -> Tuned | None:
@@ -29,7 +30,13 @@ def tuned_variant(label: str, policy: str, path: Path) -> Tuned | None:
         return None
     pf = load_params_file(path)
     training = json.loads(path.read_text()).get("training", {})
-    return Tuned(Variant(label, policy, dict(pf.params)), path, tuple(training.get("seeds", ())))
+    rate = training.get("saturation", {}).get("rate_rps")
+    return Tuned(
+        Variant(label, policy, dict(pf.params)),
+        path,
+        tuple(training.get("seeds", ())),
+        None if rate is None else float(rate),
+    )
 
 
 def trained_on(tuned: Sequence[Tuned], seeds: Sequence[int]) -> list[str]:
