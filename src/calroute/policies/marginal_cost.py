@@ -88,8 +88,10 @@ class Params:
     use_prompt_length: bool = True
     use_prefix_cache: bool = True
     # Weight of the eviction price: a prompt computed on an engine displaces that many tokens of its cache,
-    # each wanted back with the engine's evicted-reuse ratio. See the module docstring.
-    w_evict: float = field(default=1.0, metadata=tunable(0.0, 4.0))
+    # each wanted back with the engine's evicted-reuse ratio. See the module docstring. 2.61 was found by
+    # `calroute tune` searching it alone on shared-prefix (it was 1): no family worse on held-out seeds, and
+    # ahead on shared-prefix and multi-turn (docs/tuning.md, "The eviction price alone").
+    w_evict: float = field(default=2.61, metadata=tunable(0.0, 4.0))
     fallback_output_tokens: int = 256  # the price of every request when output length is not used
     # Price decode with the calibrated step curve after admission instead of tau_dec x (1 + rho x press):
     # see the module docstring.
