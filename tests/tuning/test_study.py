@@ -16,7 +16,7 @@ from calroute.executors.local import LocalExecutor
 from calroute.tuning.config import TuneConfig
 from calroute.tuning.study import done_trials, handset_trial, handset_values, open_study, run_study
 
-RATES = (10.0,)
+RATES = {"mixed-bursty": (10.0,)}
 
 
 def study_course(
