@@ -24,6 +24,16 @@ def _names(spec: str, option: str, known: tuple[str, ...] | None = None) -> list
     return names
 
 
+def training_families(spec: str) -> list[str]:
+    """``--workload``: one family, several (comma-separated; a name given twice counts once), or all."""
+    if spec == "all":
+        return list(WORKLOADS)
+    names = _names(spec, "--workload", WORKLOADS)
+    if not names:
+        raise ConfigError(f"--workload: no family given; known: {', '.join(WORKLOADS)}")
+    return names
+
+
 def _factors(spec: str) -> tuple[float, ...]:
     try:
         return tuple(float(x) for x in _names(spec, "--rate-factors"))
@@ -119,10 +129,7 @@ def tune(
         else:
             families = _names(validate_on, "--validate-on", WORKLOADS)
         if workload is not None:
-            names = list(WORKLOADS) if workload == "all" else _names(workload, "--workload", WORKLOADS)
-            if not names:
-                raise ConfigError(f"--workload: no family given; known: {', '.join(WORKLOADS)}")
-            specs = tuple(WorkloadSpec(n, requests) for n in names)  # a name given twice counts once
+            specs = tuple(WorkloadSpec(n, requests) for n in training_families(workload))
         else:
             # a trace: one window per training and validation seed, so the two never share a stretch of it
             specs = (WorkloadSpec(str(trace), requests, seeds + validation_seeds),)
