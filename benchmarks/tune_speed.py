@@ -108,7 +108,7 @@ def main() -> None:
     args = ap.parse_args()
     config = TuneConfig(
         "marginal_cost",
-        WorkloadSpec("mixed-bursty", args.requests),
+        (WorkloadSpec("mixed-bursty", args.requests),),
         prefill=2,
         decode=4,
         train_seeds=tuple(range(args.seeds)),

@@ -10,8 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from calroute.cli.app import app
+from calroute.cli.tune import training_families
 from calroute.policies import marginal_cost
 from calroute.policies.params_file import load_params_file
+from calroute.workload.source import WORKLOADS
 
 runner = CliRunner()
 TINY = [
@@ -77,9 +79,51 @@ def test_a_rerun_with_another_configuration_is_refused(tmp_path: Path) -> None:
     assert out.read_text() == before
 
 
+def test_several_families_train_together_and_validate_as_trained_on(tmp_path: Path) -> None:
+    out = tmp_path / "p.json"
+    args = [
+        "tune", "--prefill", "1", "--decode", "2",
+        "--workload", "reasoning,chat,reasoning",  # any order; the repeated name counts once
+        "--requests", "40", "--seeds", "1", "--rate-factors", "1.0",
+        "--trials", "2", "--batch-size", "2",
+        "--validation-seeds", "2", "--validate-on", "none",
+        "--workers", "1", "--out", str(out),
+    ]  # fmt: skip
+    code, stdout, stderr = invoke(*args)
+    assert code == 0, stderr
+    doc = json.loads(out.read_text())
+    t = doc["training"]
+    assert t["workloads"] == ["chat", "reasoning"] and "workload" not in t and "saturation" not in t
+    per = t["per_workload"]
+    assert list(per) == ["chat", "reasoning"]
+    for w in per.values():
+        assert w["rates_rps"] == [w["saturation"]["rate_rps"]]
+    assert per["chat"]["saturation"]["rate_rps"] != per["reasoning"]["saturation"]["rate_rps"]
+    hand = [w["handset_objective"] for w in per.values()]
+    assert t["handset_objective"] == pytest.approx(sum(hand) / 2)
+    best = [w["best_objective"] for w in per.values()]
+    assert t["best_objective"] == pytest.approx(sum(best) / 2)
+    v = doc["validation"]["workloads"]
+    assert [(w["workload"], w["trained_on"]) for w in v] == [("chat", True), ("reasoning", True)]
+    assert [w["saturation_rps"] for w in v] == [w["saturation"]["rate_rps"] for w in per.values()]
+    assert "Trained on 2 workloads at once: chat, reasoning;" in " ".join(stdout.split())
+
+    # another list of families is another study
+    code, _, stderr = invoke(*args[:6], "chat", *args[7:])
+    assert code == 2
+    assert 'workload null there, "chat" here' in " ".join(stderr.split())
+
+
+def test_workload_all_is_every_family() -> None:
+    assert training_families("all") == list(WORKLOADS)
+    assert training_families(" chat, reasoning,chat ") == ["chat", "reasoning"]
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
+        (["--workload", "chat,nope"], "--workload: unknown nope"),
+        (["--workload", ","], "--workload: no family given"),
         (["--policy", "bogus"], "unknown policy 'bogus'"),
         (["--policy", "round_robin"], "declares no tunable parameters"),
         (["--trials", "0"], "--trials must be >= 1"),

@@ -16,7 +16,7 @@ def tiny() -> TuneConfig:
     """A study small enough for a unit test: two short traces, one rate, three trials a batch."""
     return TuneConfig(
         "marginal_cost",
-        WorkloadSpec("mixed-bursty", 100),
+        (WorkloadSpec("mixed-bursty", 100),),
         prefill=1,
         decode=2,
         train_seeds=(0, 1),

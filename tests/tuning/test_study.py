@@ -1,8 +1,10 @@
 """The study: the hand-set trial first, the same course on every worker count and across a resume, an
-interrupted batch not counted, another configuration refused."""
+interrupted batch not counted, another configuration refused; with several families, the mean of each one's
+mean."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -13,10 +15,11 @@ from optuna.trial import TrialState
 from calroute.costmodel.profiles import HardwareProfile
 from calroute.errors import ConfigError
 from calroute.executors.local import LocalExecutor
-from calroute.tuning.config import TuneConfig
+from calroute.tuning.config import TuneConfig, WorkloadSpec
+from calroute.tuning.jobs import RunJob
 from calroute.tuning.study import done_trials, handset_trial, handset_values, open_study, run_study
 
-RATES = (10.0,)
+RATES = {"mixed-bursty": (10.0,)}
 
 
 def study_course(
@@ -123,3 +126,47 @@ def test_a_file_that_is_not_a_study_database_is_refused(tmp_path: Path, tiny: Tu
 def test_trials_below_one_are_refused(tmp_path: Path, tiny: TuneConfig, profile: HardwareProfile) -> None:
     with LocalExecutor(1) as ex, pytest.raises(ConfigError, match="--trials must be >= 1"):
         run_study(open_study(tmp_path / "s.db", tiny), tiny, profile, RATES, 0, ex)
+
+
+def fake_goodput(job: RunJob) -> float:
+    """A goodput that says which run it is: the family's level, plus the seed and the rate."""
+    return {"chat": 0.2, "reasoning": 0.6}[job.workload.name] + job.seed / 100 + job.rate_rps / 1000
+
+
+def test_several_families_score_the_mean_of_each_ones_mean(
+    tmp_path: Path, tiny: TuneConfig, profile: HardwareProfile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("calroute.tuning.study.run_goodput", fake_goodput)
+    config = replace(tiny, workloads=(WorkloadSpec("reasoning", 100), WorkloadSpec("chat", 100)))
+    # unequal run counts per family, so the mean of the means is not the mean of all runs
+    rates = {"chat": (10.0,), "reasoning": (20.0, 30.0)}
+    study = open_study(tmp_path / "s.db", config)
+    with LocalExecutor(1) as ex:
+        run_study(study, config, profile, rates, 1, ex)
+    (trial,) = done_trials(study)
+    chat = [0.2 + s / 100 + 10 / 1000 for s in (0, 1)]
+    reasoning = [0.6 + s / 100 + r / 1000 for s in (0, 1) for r in (20.0, 30.0)]
+    means = {"chat": sum(chat) / 2, "reasoning": sum(reasoning) / 4}
+    assert trial.user_attrs["per_workload"] == pytest.approx(means)
+    assert trial.value == pytest.approx((means["chat"] + means["reasoning"]) / 2)
+    assert trial.value != pytest.approx(sum(chat + reasoning) / 6)
+
+
+def test_one_familys_trial_is_its_mean_over_seeds_and_rates(
+    tmp_path: Path, tiny: TuneConfig, profile: HardwareProfile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("calroute.tuning.study.run_goodput", fake_goodput)
+    config = replace(tiny, workloads=(WorkloadSpec("chat", 100),))
+    study = open_study(tmp_path / "s.db", config)
+    with LocalExecutor(1) as ex:
+        run_study(study, config, profile, {"chat": (10.0, 20.0)}, 1, ex)
+    (trial,) = done_trials(study)
+    runs = [0.2 + s / 100 + r / 1000 for s in (0, 1) for r in (10.0, 20.0)]
+    assert trial.value == math.fsum(runs) / 4  # exactly as before several families could be trained on
+    assert "per_workload" not in trial.user_attrs
+
+
+def test_a_family_without_rates_is_named(tmp_path: Path, tiny: TuneConfig, profile: HardwareProfile) -> None:
+    config = replace(tiny, workloads=(WorkloadSpec("reasoning", 100), WorkloadSpec("chat", 100)))
+    with LocalExecutor(1) as ex, pytest.raises(ConfigError, match="no training rates for reasoning"):
+        run_study(open_study(tmp_path / "s.db", config), config, profile, {"chat": (1.0,)}, 1, ex)

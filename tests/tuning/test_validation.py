@@ -40,8 +40,9 @@ def test_hand_set_against_itself_is_a_tie_and_tuned_values_are_paired_by_seed(
         steps += 1
 
     with LocalExecutor(1) as ex:
-        same = validate(config, profile, {}, {}, [2, 3, 4], workloads, 10.0, ex, step)
-        other = validate(config, profile, {}, {"w_b": 4.0, "rho": 0.0}, [2, 3, 4], workloads, 10.0, ex)
+        same = validate(config, profile, {}, {}, [2, 3, 4], workloads, {"mixed-bursty": 10.0}, ex, step)
+        tuned = {"w_b": 4.0, "rho": 0.0}
+        other = validate(config, profile, {}, tuned, [2, 3, 4], workloads, {"mixed-bursty": 10.0}, ex)
     assert steps == validation_steps(2, 3, 2)
     assert [f.workload for f in same] == ["mixed-bursty", "chat"]
     assert same[0].trained_on and not same[1].trained_on
@@ -60,12 +61,13 @@ def test_hand_set_against_itself_is_a_tie_and_tuned_values_are_paired_by_seed(
 
 def test_a_trace_validates_on_windows_it_never_trained_on(tiny: TuneConfig) -> None:
     trace = TRACES / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"
-    config = replace(tiny, workload=WorkloadSpec(str(trace), 50, windows=5))
+    config = replace(tiny, workloads=(WorkloadSpec(str(trace), 50, windows=5),))
     train = {
-        tuple(r.prompt_tokens for r in config.workload.source().requests(None, s)) for s in config.train_seeds
+        tuple(r.prompt_tokens for r in config.workloads[0].source().requests(None, s))
+        for s in config.train_seeds
     }
     held_out = {
-        tuple(r.prompt_tokens for r in config.workload.source().requests(None, s))
+        tuple(r.prompt_tokens for r in config.workloads[0].source().requests(None, s))
         for s in validation_seeds(config, 3)
     }
     assert len(train) == 2 and len(held_out) == 3 and not train & held_out

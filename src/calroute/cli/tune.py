@@ -24,6 +24,16 @@ def _names(spec: str, option: str, known: tuple[str, ...] | None = None) -> list
     return names
 
 
+def training_families(spec: str) -> list[str]:
+    """``--workload``: one family, several (comma-separated; a name given twice counts once), or all."""
+    if spec == "all":
+        return list(WORKLOADS)
+    names = _names(spec, "--workload", WORKLOADS)
+    if not names:
+        raise ConfigError(f"--workload: no family given; known: {', '.join(WORKLOADS)}")
+    return names
+
+
 def _factors(spec: str) -> tuple[float, ...]:
     try:
         return tuple(float(x) for x in _names(spec, "--rate-factors"))
@@ -37,7 +47,13 @@ def tune(
     ],
     prefill: Annotated[int, typer.Option(min=1, help="prefill instances")],
     decode: Annotated[int, typer.Option(min=1, help="decode instances")],
-    workload: Annotated[str | None, typer.Option(help=f"a workload family: {', '.join(WORKLOADS)}")] = None,
+    workload: Annotated[
+        str | None,
+        typer.Option(
+            help="a workload family, several (comma-separated: trained on together), or all: "
+            + ", ".join(WORKLOADS)
+        ),
+    ] = None,
     trace: Annotated[
         Path | None, typer.Option(help="a trace file, cut into training and validation windows")
     ] = None,
@@ -97,8 +113,6 @@ def tune(
     with exit_on_error():
         if (workload is None) == (trace is None):
             raise ConfigError("give exactly one of --workload and --trace")
-        if workload is not None and workload not in WORKLOADS:
-            raise ConfigError(f"--workload: unknown {workload!r}; known: {', '.join(WORKLOADS)}")
         if trace is not None and not trace.is_file():
             raise ConfigError(f"--trace {trace}: no such file")
         if trials < 1:
@@ -114,12 +128,14 @@ def tune(
             families = presets[validate_on]
         else:
             families = _names(validate_on, "--validate-on", WORKLOADS)
-        name = workload if workload is not None else str(trace)
-        # a trace: one window per training and validation seed, so the two never share a stretch of it
-        windows = 1 if trace is None else seeds + validation_seeds
+        if workload is not None:
+            specs = tuple(WorkloadSpec(n, requests) for n in training_families(workload))
+        else:
+            # a trace: one window per training and validation seed, so the two never share a stretch of it
+            specs = (WorkloadSpec(str(trace), requests, seeds + validation_seeds),)
         config = TuneConfig(
             policy=policy,
-            workload=WorkloadSpec(name, requests, windows),
+            workloads=specs,
             prefill=prefill,
             decode=decode,
             train_seeds=tuple(range(seeds)),
@@ -141,10 +157,14 @@ def tune(
             # for logs of long studies.
             log = not err.is_terminal
 
-            def on_phase(phase: str, steps: int | None) -> None:
-                progress.reset(task, total=steps, description=phase)
+            phase = ""
+
+            def on_phase(name: str, steps: int | None) -> None:
+                nonlocal phase
+                phase = name
+                progress.reset(task, total=steps, description=name)
                 if log:
-                    err.print(phase)
+                    err.print(name)
 
             def on_trial(done: int, best: float | None) -> None:
                 best_s = "-" if best is None else f"{best:.4f}"
@@ -153,7 +173,8 @@ def tune(
                     err.print(f"trials {done}/{trials}, best goodput {best_s}")
 
             def on_step() -> None:
-                if progress.tasks[0].description == "validation":
+                # a step of the trials phase is one run: its bar counts trials (on_trial)
+                if phase != "trials":
                     progress.advance(task)
 
             try:

@@ -1,6 +1,9 @@
 """What a study is: everything that decides its trials' values. A stored study is resumed only under the
 same configuration (``TuneConfig.key``); the trial count, the executor and the output path are not part of
-it, so a study can be continued to more trials, on another executor, written elsewhere."""
+it, so a study can be continued to more trials, on another executor, written elsewhere.
+
+A study trains on one workload (a family or a trace) or on several families at once; several are kept
+sorted by name, so the order they were given in changes neither the study nor its output."""
 
 from __future__ import annotations
 
@@ -46,7 +49,7 @@ class WorkloadSpec:
 @dataclass(frozen=True)
 class TuneConfig:
     policy: str
-    workload: WorkloadSpec
+    workloads: tuple[WorkloadSpec, ...]  # one family or trace, or several families (sorted by name here)
     prefill: int
     decode: int
     train_seeds: tuple[int, ...]
@@ -59,6 +62,9 @@ class TuneConfig:
     calibration_sha256: str | None = None
 
     def __post_init__(self) -> None:
+        _check_workloads(self.workloads)
+        # sorted: a study is the same whatever order its families were named in
+        object.__setattr__(self, "workloads", tuple(sorted(self.workloads, key=lambda w: w.name)))
         if not self.train_seeds:
             raise ConfigError("--seeds must be >= 1")
         if not self.rate_factors or any(not f > 0 for f in self.rate_factors):
@@ -71,6 +77,20 @@ class TuneConfig:
         if clash:
             raise ConfigError(f"--param {', '.join(clash)}: set with --param and searched with --search")
         parse_params(self.policy, cls, self.fixed)  # an unknown name or a bad value, named
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The workloads trained on, by name."""
+        return tuple(w.name for w in self.workloads)
+
+    @property
+    def several(self) -> bool:
+        """Trained on several families (a study of one keeps the single-workload key and output)."""
+        return len(self.workloads) > 1
+
+    @property
+    def requests(self) -> int:
+        return self.workloads[0].requests
 
     @property
     def space(self) -> dict[str, Range]:
@@ -104,12 +124,17 @@ class TuneConfig:
         )
 
     def key(self) -> dict[str, Any]:
-        """What a stored study must match to be resumed, as JSON values."""
+        """What a stored study must match to be resumed, as JSON values. One workload: ``workload``, its name
+        (the key studies stored before several could be trained on have); several: ``workloads``, the
+        sorted list."""
+        trained: dict[str, Any] = (
+            {"workloads": list(self.names)} if self.several else {"workload": self.workloads[0].name}
+        )
         return {
             "policy": self.policy,
-            "workload": self.workload.name,
-            "requests": self.workload.requests,
-            "trace_windows": self.workload.windows,
+            **trained,
+            "requests": self.requests,
+            "trace_windows": self.workloads[0].windows,
             "prefill": self.prefill,
             "decode": self.decode,
             "train_seeds": list(self.train_seeds),
@@ -122,6 +147,26 @@ class TuneConfig:
             "calibration_sha256": self.calibration_sha256,
             "saturation_target": SATURATION_TARGET,
         }
+
+
+def _check_workloads(workloads: tuple[WorkloadSpec, ...]) -> None:
+    if not workloads:
+        raise ConfigError("--workload: no workload given")
+    if len(workloads) == 1:
+        return
+    names = [w.name for w in workloads]
+    unknown = [n for n in names if n not in WORKLOADS]
+    if unknown:
+        # a trace is trained on alone: its windows are its seeds, which families do not share
+        raise ConfigError(
+            f"--workload: unknown {', '.join(unknown)} (several workloads must all be families; a trace "
+            f"is trained on alone); known: {', '.join(WORKLOADS)}"
+        )
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"--workload: {', '.join(twice)} given twice")
+    if len({(w.requests, w.windows) for w in workloads}) > 1:
+        raise ConfigError("--requests: every family of a study runs the same number of requests")
 
 
 def typed_params(policy: str, raw: Mapping[str, Any]) -> dict[str, Any]:

@@ -90,14 +90,7 @@ def markdown(doc: Mapping[str, Any], families: Sequence[FamilyResult]) -> str:
     lines = [
         f"# Tuned {doc['policy']}",
         "",
-        f"Trained on {t['workload']}, {t['prefill']}P+{t['decode']}D, {t['requests']} requests per run, "
-        f"seeds {t['seeds']}, rates {', '.join(f'{r:.2f}' for r in t['rates_rps'])} req/s "
-        f"({', '.join(f'{f:g}' for f in t['rate_factors'])} x the hand-set saturation rate "
-        f"{t['saturation']['rate_rps']:.2f}), {t['complete_trials']} trials (study seed {t['study_seed']}), "
-        f"hardware: {t['calibration']}.",
-        "",
-        f"Training objective (mean goodput over those runs): hand-set {_num(t['handset_objective'])}, "
-        f"tuned {_num(t['best_objective'])} (trial {t['best_trial']}).",
+        *_training(t),
         "",
         "| parameter | hand-set | tuned | searched |",
         "|---|---|---|---|",
@@ -135,6 +128,39 @@ def markdown(doc: Mapping[str, Any], families: Sequence[FamilyResult]) -> str:
             f"{sum(f.tuned) / len(f.tuned):.3f} | {_pts(d)} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _training(t: Mapping[str, Any]) -> list[str]:
+    """What the study trained on and its objective: one workload in a sentence; several named, then a
+    table of each one's rates and the hand-set and tuned trials' goodput there."""
+    factors = ", ".join(f"{f:g}" for f in t["rate_factors"])
+    trials = f"{t['complete_trials']} trials (study seed {t['study_seed']}), hardware: {t['calibration']}."
+    shape = f"{t['prefill']}P+{t['decode']}D, {t['requests']} requests per run, seeds {t['seeds']}"
+    hand, best = _num(t["handset_objective"]), _num(t["best_objective"])
+    objective = f"hand-set {hand}, tuned {best} (trial {t['best_trial']})."
+    if "workloads" not in t:
+        return [
+            f"Trained on {t['workload']}, {shape}, rates {', '.join(f'{r:.2f}' for r in t['rates_rps'])} "
+            f"req/s ({factors} x the hand-set saturation rate {t['saturation']['rate_rps']:.2f}), {trials}",
+            "",
+            f"Training objective (mean goodput over those runs): {objective}",
+        ]
+    lines = [
+        f"Trained on {len(t['workloads'])} workloads at once: {', '.join(t['workloads'])}; {shape}; each at "
+        f"{factors} x its own hand-set saturation rate; {trials}",
+        "",
+        "Training objective (each workload's mean goodput over its runs, then their mean, every workload "
+        f"weighing the same): {objective}",
+        "",
+        "| trained on | saturation req/s | hand-set | tuned |",
+        "|---|---|---|---|",
+    ]
+    for name, w in t["per_workload"].items():
+        lines.append(
+            f"| {name} | {w['saturation']['rate_rps']:.2f} | {_num(w['handset_objective'])} | "
+            f"{_num(w['best_objective'])} |"
+        )
+    return lines
 
 
 def _num(x: Any) -> str:

@@ -36,11 +36,12 @@ STUDY_NAME = "calroute-tune"
 # Trials of the first batches are drawn at random before TPE models anything (Optuna's default).
 STARTUP_TRIALS = 10
 _FAILED_REASON = "reason"  # a trial's user attribute: why it failed ("invalid" counts as done)
+PER_WORKLOAD = "per_workload"  # a trial's user attribute, with several workloads: each one's mean goodput
 
 
 @dataclass(frozen=True)
 class Saturation:
-    """The training workload's saturation rate for the hand-set parameters, found once per study."""
+    """A training workload's saturation rate for the hand-set parameters, found once per study."""
 
     rate_rps: float
     target: float
@@ -126,13 +127,28 @@ def _differences(stored: Any, key: dict[str, Any]) -> str:
     )
 
 
-def stored_saturation(study: optuna.Study) -> Saturation | None:
-    d = study.user_attrs.get("saturation")
-    return None if d is None else Saturation.from_dict(d)
+# Where a study keeps its saturation rates: one workload's under "saturation" (as studies stored before
+# several could be trained on have it), several families' under "saturations", by name.
+_SATURATION = "saturation"
+_SATURATIONS = "saturations"
 
 
-def record_saturation(study: optuna.Study, sat: Saturation) -> None:
-    study.set_user_attr("saturation", sat.to_dict())
+def stored_saturations(study: optuna.Study, config: TuneConfig) -> dict[str, Saturation]:
+    """The training workloads' saturation rates found so far, by name."""
+    if not config.several:
+        d = study.user_attrs.get(_SATURATION)
+        return {} if d is None else {config.names[0]: Saturation.from_dict(d)}
+    stored = study.user_attrs.get(_SATURATIONS, {})
+    return {n: Saturation.from_dict(stored[n]) for n in config.names if n in stored}
+
+
+def record_saturation(study: optuna.Study, config: TuneConfig, name: str, sat: Saturation) -> None:
+    if not config.several:
+        study.set_user_attr(_SATURATION, sat.to_dict())
+        return
+    stored = dict(study.user_attrs.get(_SATURATIONS, {}))
+    stored[name] = sat.to_dict()
+    study.set_user_attr(_SATURATIONS, stored)
 
 
 def done_trials(study: optuna.Study) -> list[FrozenTrial]:
@@ -168,32 +184,60 @@ def _sampler(config: TuneConfig, done: int) -> optuna.samplers.BaseSampler:
 
 
 def trial_jobs(
-    config: TuneConfig, profile: HardwareProfile, params: Mapping[str, Any], rates: Sequence[float]
+    config: TuneConfig,
+    profile: HardwareProfile,
+    params: Mapping[str, Any],
+    rates: Mapping[str, Sequence[float]],
 ) -> list[RunJob]:
-    """A trial's runs: every training seed at every rate."""
+    """A trial's runs: each training workload (in the config's order), every training seed at each of its
+    ``rates``."""
     setup = config.setup(profile, params)
     return [
-        RunJob(setup, config.policy, config.workload, seed, rate)
+        RunJob(setup, config.policy, w, seed, rate)
+        for w in config.workloads
         for seed in config.train_seeds
-        for rate in rates
+        for rate in rates[w.name]
     ]
+
+
+def per_workload(
+    config: TuneConfig, rates: Mapping[str, Sequence[float]], goodputs: Sequence[float]
+) -> dict[str, float]:
+    """A trial's runs (as trial_jobs orders them) as each workload's mean goodput over seeds x rates."""
+    out = {}
+    start = 0
+    for name in config.names:
+        n = len(config.train_seeds) * len(rates[name])
+        out[name] = math.fsum(goodputs[start : start + n]) / n
+        start += n
+    return out
+
+
+def objective(means: Mapping[str, float]) -> float:
+    """The mean of the workloads' means: each family weighs the same, whatever its goodput's scale or its
+    rates. One workload: its mean, unchanged."""
+    return math.fsum(means.values()) / len(means)
 
 
 def run_study(
     study: optuna.Study,
     config: TuneConfig,
     profile: HardwareProfile,
-    rates: Sequence[float],
+    rates: Mapping[str, Sequence[float]],
     trials: int,
     executor: Executor,
     on_trial: Callable[[int, FrozenTrial | None], None] | None = None,
     on_run: Callable[[], None] | None = None,
 ) -> None:
     """Ask, run and tell batches until ``trials`` trials are done. ``on_trial(done, best)`` after each trial
-    is told, ``on_run()`` as each simulated run finishes. A trial's value is its mean goodput over the
-    training seeds and ``rates``."""
+    is told, ``on_run()`` as each simulated run finishes. ``rates``: each training workload's rates, by
+    name. A trial's value is ``objective``: its mean goodput over the training seeds and rates, averaged
+    over the workloads; with several, each one's mean is kept in the trial (``per_workload``)."""
     if trials < 1:
         raise ConfigError(f"--trials must be >= 1, got {trials}")
+    missing = [n for n in config.names if n not in rates]
+    if missing:
+        raise ConfigError(f"no training rates for {', '.join(missing)}")
     _close_stale(study)
     _enqueue_handset(study, config)  # again if a stopped batch held it
     dists = {n: distribution(r) for n, r in config.space.items()}
@@ -227,10 +271,16 @@ def run_study(
                 study.tell(t, state=TrialState.FAIL, skip_if_finished=True)
             raise
         per_trial = len(jobs) // max(1, len(valid))
-        values = {t.number: goodputs[i * per_trial : (i + 1) * per_trial] for i, t in enumerate(valid)}
+        values = {
+            t.number: per_workload(config, rates, goodputs[i * per_trial : (i + 1) * per_trial])
+            for i, t in enumerate(valid)
+        }
         for t in batch:
             if t.number in values:
-                study.tell(t, math.fsum(values[t.number]) / len(values[t.number]))
+                means = values[t.number]
+                if config.several:
+                    t.set_user_attr(PER_WORKLOAD, means)
+                study.tell(t, objective(means))
             else:
                 t.set_user_attr(_FAILED_REASON, "invalid")
                 t.set_user_attr("error", invalid[t.number])

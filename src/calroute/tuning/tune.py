@@ -1,24 +1,27 @@
-"""A tuning session, start to end: the stored study opened (or created), the training workload's saturation
+"""A tuning session, start to end: the stored study opened (or created), each training workload's saturation
 found once, the trials run, the best parameters validated against the hand-set ones, the params file and
 its report written."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.trial import FrozenTrial
 
 from calroute.costmodel.profiles import HardwareProfile
 from calroute.errors import ConfigError
 from calroute.executors import Executor
 from calroute.experiments.runner import git_commit
+from calroute.experiments.saturation import SaturationResult
 from calroute.tuning import output
 from calroute.tuning.config import TuneConfig
 from calroute.tuning.jobs import SaturationJob, find_rate
 from calroute.tuning.study import (
+    PER_WORKLOAD,
     Saturation,
     best_trial,
     done_trials,
@@ -26,7 +29,7 @@ from calroute.tuning.study import (
     open_study,
     record_saturation,
     run_study,
-    stored_saturation,
+    stored_saturations,
 )
 from calroute.tuning.validation import (
     FamilyResult,
@@ -56,19 +59,35 @@ class TuneResult:
     families: tuple[FamilyResult, ...]
 
 
-def saturation(study: optuna.Study, config: TuneConfig, profile: HardwareProfile, ex: Executor) -> Saturation:
-    """The study's saturation rate: stored in it, or found now (for the hand-set parameters, over the
-    training seeds) and stored."""
-    sat = stored_saturation(study)
-    if sat is None:
-        job = SaturationJob(
-            config.setup(profile, config.handset), config.policy, config.workload, config.train_seeds
-        )
-        (found,) = ex.map(find_rate, [job])
-        probes = tuple((p.rate_rps, p.goodput) for p in found.probes)
-        sat = Saturation(found.rate_rps, found.target, found.relative, probes)
-        record_saturation(study, sat)
-    return sat
+def saturations(
+    study: optuna.Study,
+    config: TuneConfig,
+    profile: HardwareProfile,
+    ex: Executor,
+    on_step: Callable[[], None] | None = None,
+) -> dict[str, Saturation]:
+    """Each training workload's saturation rate, by name: stored in the study, or found now (for the
+    hand-set parameters, over the training seeds; the workloads missing one side by side on ``ex``) and
+    stored as each is found, so that a stopped search keeps what it found. ``on_step()`` once per
+    workload (at once for those stored)."""
+    sats = stored_saturations(study, config)
+    for _ in sats:
+        if on_step is not None:
+            on_step()
+    missing = [w for w in config.workloads if w.name not in sats]
+    setup = config.setup(profile, config.handset)
+    jobs = [SaturationJob(setup, config.policy, w, config.train_seeds) for w in missing]
+
+    def found(i: int, result: SaturationResult) -> None:
+        probes = tuple((p.rate_rps, p.goodput) for p in result.probes)
+        sat = Saturation(result.rate_rps, result.target, result.relative, probes)
+        record_saturation(study, config, missing[i].name, sat)
+        sats[missing[i].name] = sat
+        if on_step is not None:
+            on_step()
+
+    ex.map(find_rate, jobs, found)
+    return {n: sats[n] for n in config.names}
 
 
 def tune(
@@ -93,9 +112,9 @@ def tune(
         if hooks.on_phase is not None:
             hooks.on_phase(name, steps)
 
-    phase("saturation search", None)
-    sat = saturation(study, config, profile, executor)
-    rates = [sat.rate_rps * f for f in config.rate_factors]
+    phase("saturation search", len(config.workloads))
+    sats = saturations(study, config, profile, executor, hooks.on_step)
+    rates = {n: [sat.rate_rps * f for f in config.rate_factors] for n, sat in sats.items()}
     phase("trials", trials)
 
     def on_trial(done: int, best: optuna.trial.FrozenTrial | None) -> None:
@@ -113,22 +132,21 @@ def tune(
     seeds = validation_seeds(config, validation_seed_count)
     if validation_seed_count:
         workloads = validation_workloads(config, validate_on)
-        phase("validation", validation_steps(len(workloads), len(seeds), len(config.rate_factors)))
-        families = validate(
-            config, profile, handset, tuned, seeds, workloads, sat.rate_rps, executor, hooks.on_step
-        )
+        steps = validation_steps(len(workloads), len(seeds), len(config.rate_factors), len(config.workloads))
+        phase("validation", steps)
+        known = {n: sat.rate_rps for n, sat in sats.items()}
+        families = validate(config, profile, handset, tuned, seeds, workloads, known, executor, hooks.on_step)
     training = {
-        "workload": config.workload.name,
-        "trace": config.workload.is_trace,
-        "trace_windows": config.workload.windows,
+        **_trained_on(config, sats, rates, best, hand_trial),
+        "trace": config.workloads[0].is_trace,
+        "trace_windows": config.workloads[0].windows,
         "prefill": config.prefill,
         "decode": config.decode,
-        "requests": config.workload.requests,
+        "requests": config.requests,
         "seeds": list(config.train_seeds),
         "rate_factors": list(config.rate_factors),
-        "saturation": sat.to_dict(),
-        "rates_rps": rates,
-        "objective": "mean goodput over the training seeds x rates",
+        **_rates(config, sats, rates),
+        "objective": _OBJECTIVE_MANY if config.several else _OBJECTIVE_ONE,
         "space": {n: r.to_dict() for n, r in config.space.items()},
         "fixed": dict(config.fixed),
         "calibration": config.calibration_source,
@@ -153,3 +171,47 @@ def tune(
     output.write_atomic(report, output.markdown(doc, families))
     output.write_atomic(out, output.json_text(doc))
     return TuneResult(out, report, doc, tuple(families))
+
+
+_OBJECTIVE_ONE = "mean goodput over the training seeds x rates"
+_OBJECTIVE_MANY = (
+    "mean over the workloads (equal weight) of each one's mean goodput over the training seeds x its rates"
+)
+
+
+def _trained_on(
+    config: TuneConfig,
+    sats: Mapping[str, Saturation],
+    rates: Mapping[str, Sequence[float]],
+    best: FrozenTrial,
+    hand_trial: FrozenTrial | None,
+) -> dict[str, Any]:
+    """What the study trained on: one workload by name (the fields a single-workload study always had), or
+    several, each with its saturation, its rates, and the best and hand-set trials' mean goodput there."""
+    if not config.several:
+        return {"workload": config.names[0]}
+    hand = {} if hand_trial is None else hand_trial.user_attrs.get(PER_WORKLOAD, {})
+    best_means = best.user_attrs.get(PER_WORKLOAD, {})
+    return {
+        "workloads": list(config.names),
+        "per_workload": {
+            n: {
+                "saturation": sats[n].to_dict(),
+                "rates_rps": list(rates[n]),
+                "best_objective": best_means.get(n),
+                "handset_objective": hand.get(n),
+            }
+            for n in config.names
+        },
+    }
+
+
+def _rates(
+    config: TuneConfig, sats: Mapping[str, Saturation], rates: Mapping[str, Sequence[float]]
+) -> dict[str, Any]:
+    """One workload's saturation and rates, where a single-workload study always had them (several
+    workloads keep theirs in ``per_workload``)."""
+    if config.several:
+        return {}
+    (name,) = config.names
+    return {"saturation": sats[name].to_dict(), "rates_rps": list(rates[name])}

@@ -1,6 +1,6 @@
-"""Hand-set against tuned parameters on seeds the study never saw: on the training workload and on each other
-family, each at its own saturation rate (found for the hand-set parameters on the training seeds, as the
-study's was), at the study's rate factors. A seed's value is its mean goodput over the rate factors, so the
+"""Hand-set against tuned parameters on seeds the study never saw: on the training workload(s) and on each
+other family, each at its own saturation rate (found for the hand-set parameters on the training seeds, as the
+study's were), at the study's rate factors. A seed's value is its mean goodput over the rate factors, so the
 pairs are the seeds (independent traces) and the interval is over them."""
 
 from __future__ import annotations
@@ -59,9 +59,10 @@ def validation_seeds(config: TuneConfig, count: int) -> list[int]:
 
 
 def validation_workloads(config: TuneConfig, families: Sequence[str]) -> list[WorkloadSpec]:
-    """The training workload first (its held-out seeds, or a trace's held-out windows), then each family."""
-    out = [config.workload]
-    out += [WorkloadSpec(f, config.workload.requests) for f in families if f != config.workload.name]
+    """The training workloads first (their held-out seeds, or a trace's held-out windows), then each other
+    family."""
+    out = list(config.workloads)
+    out += [WorkloadSpec(f, config.requests) for f in families if f not in config.names]
     return out
 
 
@@ -79,25 +80,28 @@ def validate(
     tuned: Mapping[str, Any],
     seeds: Sequence[int],
     workloads: Sequence[WorkloadSpec],
-    train_rate_rps: float,
+    known_rates_rps: Mapping[str, float],
     executor: Executor,
     on_step: Callable[[], None] | None = None,
 ) -> list[FamilyResult]:
-    """Every workload's saturation (the training one's is given), then its runs, both through ``executor``;
-    ``on_step()`` as each search or run finishes."""
+    """Every workload's saturation (those in ``known_rates_rps``, the training ones', are given), then its
+    runs, both through ``executor``; ``on_step()`` as each search or run finishes."""
 
     def step(_: int, __: object) -> None:
         if on_step is not None:
             on_step()
 
     hand_setup = config.setup(profile, handset)
-    others = workloads[1:]
+    others = [w for w in workloads if w.name not in known_rates_rps]
     searched = executor.map(
         _rate_or_note,
         [SaturationJob(hand_setup, config.policy, w, config.train_seeds) for w in others],
         step,
     )
-    rates: list[tuple[float | None, str | None]] = [(train_rate_rps, None), *searched]
+    found = dict(zip((w.name for w in others), searched, strict=True))
+    rates = [
+        (known_rates_rps[w.name], None) if w.name in known_rates_rps else found[w.name] for w in workloads
+    ]
     variants = (hand_setup, config.setup(profile, tuned))
     jobs = [
         RunJob(setup, config.policy, w, seed, rate * f)
@@ -117,10 +121,11 @@ def validate(
             for _ in seeds:
                 hand.append(math.fsum(next(goodputs) for _ in range(k)) / k)
                 mine.append(math.fsum(next(goodputs) for _ in range(k)) / k)
-        out.append(FamilyResult(w.name, w is config.workload, rate, tuple(hand), tuple(mine), note))
+        out.append(FamilyResult(w.name, w.name in config.names, rate, tuple(hand), tuple(mine), note))
     return out
 
 
-def validation_steps(workloads: int, seeds: int, rate_factors: int) -> int:
-    """How many on_step calls validate makes: a progress bar's total."""
-    return (workloads - 1) + workloads * seeds * 2 * rate_factors
+def validation_steps(workloads: int, seeds: int, rate_factors: int, known: int = 1) -> int:
+    """How many on_step calls validate makes: a progress bar's total (``known``: the workloads whose
+    saturation is given, not searched)."""
+    return (workloads - known) + workloads * seeds * 2 * rate_factors
