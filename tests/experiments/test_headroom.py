@@ -47,6 +47,19 @@ def _labels(exp: headroom.Headroom | tuned.TunedCheck, family: str) -> dict[str,
             {"round_robin", "least_loaded", "length_heuristic", "marginal_cost", "oracle"}
             | {"marginal_cost-tuned", "oracle-mc-tuned"},
         ),
+        # one study on every family adds its weights to every family's cell
+        (
+            [("all.json", "marginal_cost")],
+            "document",
+            {
+                "round_robin",
+                "least_loaded",
+                "length_heuristic",
+                "marginal_cost",
+                "oracle",
+                "marginal_cost-all",
+            },
+        ),
         # the prefix families' baselines are the prefix-aware peers; the oracle's own study adds its variant
         (
             [("agentic.json", "marginal_cost"), ("oracle-agentic.json", "oracle")],
@@ -64,7 +77,7 @@ def test_headroom_variants_follow_the_params_files(
     labels = _labels(headroom.Headroom(), family)
     assert set(labels) == expected
     for label in expected - {"round_robin", "least_loaded", "length_heuristic", "marginal_cost", "oracle"}:
-        if "tuned" in label:
+        if "tuned" in label or label.endswith("-all"):
             assert labels[label] == {"w_evict": 2.5}
 
 
@@ -115,9 +128,10 @@ def test_headroom_summary_pairs_the_best_baseline_tuning_and_the_bound(
     assert "-3.0 [" in row and "loss" in row  # hand-set marginal_cost minus the mix
     assert "+4.0 [+4.0, +4.0] n=3 win" in row  # tuned minus hand-set
     assert "+1.0 [+1.0, +1.0] n=3 win (vs marginal_cost-tuned)" in row
+    assert "| no params file |" in row  # no all.json
     assert "oracle-mc-tuned 0.900" in row and "(vs marginal_cost-tuned)" in row
     assert "Not a validation" not in text
-    assert "No params file in docs/results/tuning for: oracle-tuned" in text
+    assert "No params file in docs/results/tuning for: marginal_cost-all, oracle-tuned." in text
 
 
 def test_a_run_on_training_seeds_is_flagged(tuning_dir: Path, tmp_path: Path) -> None:

@@ -5,12 +5,12 @@ the rate its `calroute tune` study found on the training seeds and validated at 
 params file), or a fresh search where the family has no file. The prefix families hold or collapse seed by
 seed near saturation, so a search on other seeds can land far from the study's rate (shared-prefix: 8.45
 req/s on the experiment's saturation seeds against the study's 5.24); the study's rate keeps the table beside
-the tuning's validation. Its variants: the baselines (the paper's for the paper's families,
-least_loaded and the prefix-aware peers for the prefix families), marginal_cost hand-set and tuned on that
-family, and the oracle (marginal_cost's prices on the true output lengths and engine state) hand-set and
-tuned. The tuned parameters come from docs/results/tuning (tuned_params.py); the oracle's own study where one
-was run, else the oracle with marginal_cost's tuned weights. The bound is the best oracle variant: taking
-the best of two after the fact flatters it a little, which a bound may afford.
+the tuning's validation. Its variants: the baselines (the paper's for the paper's families, least_loaded and
+the prefix-aware peers for the prefix families), marginal_cost hand-set, tuned on that family and tuned on
+every family at once (``all.json``), and the oracle (marginal_cost's prices on the true output lengths and
+engine state) hand-set and tuned. The tuned parameters come from docs/results/tuning (tuned_params.py): the
+oracle's own study where one was run, else the oracle with marginal_cost's tuned weights. The bound is the
+best oracle variant: taking the best of two after the fact flatters it a little, which a bound may afford.
 
 Run it on seeds the tuning never saw:
 ``calroute experiment headroom --seeds 10 --first-seed 4 --requests 3000`` (the studies trained on seeds
@@ -30,15 +30,17 @@ PAPER_FAMILIES = ("chat", "document", "reasoning", "mixed-bursty")
 PREFIX_FAMILIES = ("shared-prefix", "multi-turn", "agentic")
 PAPER_BASELINES = ("round_robin", "least_loaded", "length_heuristic")
 PREFIX_BASELINES = ("least_loaded", "prefix_scorer_mix", "kv_overlap_cost", "cache_aware")
-OURS = ("marginal_cost", "marginal_cost-tuned")
+OURS = ("marginal_cost", "marginal_cost-tuned", "marginal_cost-all")
 ORACLES = ("oracle", "oracle-tuned", "oracle-mc-tuned")
 
 
 def _tuned(family: str) -> list[Tuned]:
     mc = tuned_variant("marginal_cost-tuned", "marginal_cost", TUNING_DIR / f"{family}.json")
+    # one set of weights for every family (`calroute tune --workload all`): a candidate for the defaults
+    every = tuned_variant("marginal_cost-all", "marginal_cost", TUNING_DIR / "all.json")
     own = tuned_variant("oracle-tuned", "oracle", TUNING_DIR / f"oracle-{family}.json")
     borrowed = tuned_variant("oracle-mc-tuned", "oracle", TUNING_DIR / f"{family}.json")
-    return [t for t in (mc, own, borrowed) if t is not None]
+    return [t for t in (mc, every, own, borrowed) if t is not None]
 
 
 def _baselines(family: str) -> tuple[str, ...]:
@@ -102,8 +104,8 @@ def _summary(results: list[CellResult]) -> str:
     """Per family: the best baseline, marginal_cost's lead over it, tuning's gain, what the bound leaves."""
     rows = [
         "| family | req/s | best baseline | marginal_cost - it | tuned - hand-set marginal_cost "
-        "| bound (best oracle) | bound - best marginal_cost |",
-        "|---|---|---|---|---|---|---|",
+        "| tuned on all - hand-set | bound (best oracle) | bound - best marginal_cost |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for c in results:
         base = _best(c, _baselines(c.cell_key))
@@ -119,6 +121,9 @@ def _summary(results: list[CellResult]) -> str:
                     f"{base} {fmt(c.mean_goodput(base))}" if base else "",
                     paired_gap(c, "marginal_cost", base) if base else "",
                     paired_gap(c, "marginal_cost-tuned", "marginal_cost") if tuned else "no params file",
+                    paired_gap(c, "marginal_cost-all", "marginal_cost")
+                    if "marginal_cost-all" in c.labels()
+                    else "no params file",
                     f"{bound} {fmt(c.mean_goodput(bound))}" if bound else "",
                     f"{paired_gap(c, bound, ours)} (vs {ours})" if bound and ours else "",
                 ]
