@@ -79,3 +79,33 @@ def test_by_default_round_robin_sets_the_rate(tmp_path: Path) -> None:
     (result,) = run_experiment(OneCell(cell), backend, False, tmp_path, scale=Scale(10, (0,)))
     assert backend.searched == ["round_robin"] and result.rate_rps == 2.0
     assert "saturation_rps" not in result.tags
+
+
+def test_a_policy_is_searched_with_the_parameters_of_its_variant(tmp_path: Path) -> None:
+    queries: list[SaturationQuery] = []
+
+    class Recording(FakeBackend):
+        def saturation_rate(self, query: SaturationQuery) -> float:
+            queries.append(query)
+            return super().saturation_rate(query)
+
+    cell = Cell(
+        "c",
+        2,
+        4,
+        "chat",
+        (
+            Variant("marginal_cost", "marginal_cost", {"w_evict": 2.5, "rho": 0.5}),  # as --params gives it
+            Variant("marginal_cost-no-slo", "marginal_cost", {"use_slo": False}),  # not the one searched
+            Variant("least_loaded", "least_loaded"),
+        ),
+        saturate_on=("marginal_cost",),
+        measure_saturation_of=("least_loaded",),
+    )
+    run_experiment(OneCell(cell), Recording(), False, tmp_path, scale=Scale(10, (0,)))
+    by_policy = {q.policy: q for q in queries}
+    assert by_policy["marginal_cost"].params == (("rho", 0.5), ("w_evict", 2.5))
+    assert by_policy["least_loaded"].params == ()
+    # defaults keep the key saved before parameters could be given; parameters get their own
+    assert by_policy["least_loaded"].key == "2P4D:chat:least_loaded"
+    assert by_policy["marginal_cost"].key.startswith("2P4D:chat:marginal_cost:params=")

@@ -129,7 +129,7 @@ def saturate_sim(item: SimSaturation, executor: Executor | None = None) -> Satur
     """A saturation search on the simulator; with ``executor``, each probe's seeds run on it."""
     q = item.query
     return saturate(
-        sim_setup(item.profile, q.prefill, q.decode, Variant(q.policy, q.policy)),
+        sim_setup(item.profile, q.prefill, q.decode, Variant(q.policy, q.policy, dict(q.params))),
         workload_source(q.workload, q.requests, trace_windows=q.trace_windows),
         reference_policy=q.policy,
         seeds=SATURATION_SEEDS,

@@ -3,6 +3,8 @@ their results, serializable so a killed experiment resumes where it stopped."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -52,14 +54,21 @@ class SaturationQuery:
     requests: int
     policy: str = "round_robin"
     trace_windows: int = 1
+    # The policy's parameters (sorted name, value pairs): those of the cell's variant named after the policy,
+    # e.g. from `experiment --params FILE`; () for its defaults.
+    params: tuple[tuple[str, Any], ...] = ()
 
     @property
     def key(self) -> str:
         """How the runner files the answer (round_robin's key is the one saved before other policies could
-        be searched on)."""
+        be searched on; a policy with its defaults has the key saved before parameters could be given)."""
         windows = "" if self.trace_windows == 1 else f":windows={self.trace_windows}"
         policy = "" if self.policy == "round_robin" else f":{self.policy}"
-        return f"{self.prefill}P{self.decode}D:{self.workload}{windows}{policy}"
+        params = ""
+        if self.params:
+            digest = hashlib.sha256(json.dumps(self.params).encode()).hexdigest()[:12]
+            params = f":params={digest}"
+        return f"{self.prefill}P{self.decode}D:{self.workload}{windows}{policy}{params}"
 
 
 @dataclass(frozen=True)

@@ -140,7 +140,7 @@ class LiveBackend:
         def measure(rate: float) -> float:
             run = self._run(
                 setup,
-                Variant(q.policy, q.policy),
+                Variant(q.policy, q.policy, dict(q.params)),
                 q.workload,
                 q.requests,
                 rate,

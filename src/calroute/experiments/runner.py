@@ -55,9 +55,13 @@ def _saturation_queries(cell: Cell, scale: Scale, slo_key: str) -> dict[str, tup
     if cell.rate_rps is not None and not cell.measure_saturation_of:
         return {}
     p, d = cell.saturation_shape
+    # A policy is searched with the parameters of the cell's variant named after it (the file's, under
+    # `--params`), so the rate and the crossing rates reported are those of what the cell runs.
+    params = {v.policy: v.params for v in cell.variants if v.label == v.policy}
     out = {}
     for policy in dict.fromkeys((*cell.saturate_on, *cell.measure_saturation_of)):
-        query = SaturationQuery(p, d, cell.workload, scale.requests, policy, cell.trace_windows)
+        own = tuple(sorted(params.get(policy, {}).items()))
+        query = SaturationQuery(p, d, cell.workload, scale.requests, policy, cell.trace_windows, own)
         out[policy] = (query.key + slo_key, query)
     return out
 
