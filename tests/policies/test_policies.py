@@ -350,8 +350,9 @@ def test_marginal_cost_prices_what_a_prompt_would_evict(calibration: Calibration
         scores = make_policy("marginal_cost", params, calibration).route(adm, view).prefill_scores
         return scores[0] - scores[1]
 
-    # the holder saves the tokens it has, and the evictions computing them would cause
-    assert gap({}) == pytest.approx(saved_s + 0.9 * saved_s)
+    # the holder saves the tokens it has, and the evictions computing them would cause, at w_evict
+    assert gap({}) == pytest.approx(saved_s + 2.61 * 0.9 * saved_s)  # the default weight
+    assert gap({"w_evict": 1.0}) == pytest.approx(saved_s + 0.9 * saved_s)
     assert gap({"w_evict": 0.0}) == pytest.approx(saved_s)
     assert gap({"use_prefix_cache": False}) == pytest.approx(0.0)
     # without reuse evidence the eviction price is nothing
