@@ -108,7 +108,10 @@ def _enqueue_handset(study: optuna.Study, config: TuneConfig) -> None:
     best trial is never worse on the training objective than what the study set out to improve."""
     want = handset_values(config)
     waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-    if handset_trial(study, config) is None and not any(t.params == want for t in waiting):
+    # a waiting trial has no params yet: what enqueue_trial fixed is in its system attributes (comparing
+    # params enqueued the hand-set values twice, so every study ran them as trials 0 and 1)
+    queued = any(t.system_attrs.get("fixed_params") == want for t in waiting)
+    if handset_trial(study, config) is None and not queued:
         study.enqueue_trial(want)
 
 
