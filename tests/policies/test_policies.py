@@ -185,9 +185,9 @@ def test_marginal_cost_decode(
 
 def test_marginal_cost_prefill_prefers_less_backlog(calibration: Calibration) -> None:
     view = make_view(prefill=[{"backlog_s": 0.4}, {"backlog_s": 0.1, "in_flight": 3}])
-    assert (
-        make_policy("marginal_cost", {}, calibration).route(make_admission(), view).prefill_id == "prefill-1"
-    )
+    # at the paper's backlog weight (the default, 0.26, lets the co-batch delay of 3 in flight outweigh 0.3 s)
+    policy = make_policy("marginal_cost", {"w_b": 1.0}, calibration)
+    assert policy.route(make_admission(), view).prefill_id == "prefill-1"
 
 
 # prefill-0: one long prompt pending (3,000 tokens); prefill-1: five short ones (500 tokens in all)
@@ -315,9 +315,9 @@ def test_marginal_cost_prices_a_cached_prefix_in_prefill_seconds(
     view = make_view(
         prefill=[{}, {"cached_tokens": 8000, "backlog_s": backlog_x_saved * saved_s, "in_flight": 1}]
     )
-    policy = make_policy(
-        "marginal_cost", {"w_q": 0.0, "use_prefix_cache": use_prefix_cache, "w_cobatch": 0.0}, calibration
-    )
+    # backlog and saving weighed alike (w_b = w_s = 1), so the queue is worth its seconds
+    params = {"w_b": 1.0, "w_q": 0.0, "use_prefix_cache": use_prefix_cache, "w_cobatch": 0.0}
+    policy = make_policy("marginal_cost", params, calibration)
     assert policy.route(make_admission(prompt_tokens=8192), view).prefill_id == want
 
 
@@ -351,7 +351,7 @@ def test_marginal_cost_prices_what_a_prompt_would_evict(calibration: Calibration
         return scores[0] - scores[1]
 
     # the holder saves the tokens it has, and the evictions computing them would cause, at w_evict
-    assert gap({}) == pytest.approx(saved_s + 2.61 * 0.9 * saved_s)  # the default weight
+    assert gap({}) == pytest.approx(saved_s + 1.16 * 0.9 * saved_s)  # the default weight
     assert gap({"w_evict": 1.0}) == pytest.approx(saved_s + 0.9 * saved_s)
     assert gap({"w_evict": 0.0}) == pytest.approx(saved_s)
     assert gap({"use_prefix_cache": False}) == pytest.approx(0.0)

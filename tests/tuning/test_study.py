@@ -36,7 +36,7 @@ def test_the_first_trial_is_the_hand_set_parameters(
 ) -> None:
     course = study_course(tmp_path / "s.db", tiny, profile, 3)
     assert len(course) == 3
-    assert course[0][0] == {"w_b": 1.0, "w_b_dec": 0.0, "rho": 1.0, "w_q": 1e-3} == handset_values(tiny)
+    assert course[0][0] == {"w_b": 0.26, "w_b_dec": 0.0, "rho": 1.0, "w_q": 1e-3} == handset_values(tiny)
     # once: the others are drawn in the declared ranges (each study once ran the hand-set values twice)
     assert all(params != course[0][0] for params, _ in course[1:])
     for params, value in course[1:]:
