@@ -144,7 +144,8 @@ def test_a_run_on_training_seeds_is_flagged(tuning_dir: Path, tmp_path: Path) ->
 
 def test_tuned_check_without_a_params_file_says_it_is_missing(tuning_dir: Path, tmp_path: Path) -> None:
     labels = _labels(tuned.TunedCheck(), "shared-prefix")
-    assert set(labels) == {"least_loaded", "prefix_scorer_mix", "marginal_cost"}
+    assert set(labels) == {"least_loaded", "prefix_scorer_mix", "marginal_cost", "marginal_cost-w1"}
+    assert labels["marginal_cost-w1"] == {"w_b": 1.0, "w_evict": 1.0}
     text = tuned.TunedCheck().report([_cell("shared-prefix", {"marginal_cost": [0.8]}, 4)], tmp_path)
     assert "the tuned variant is missing" in text
 
@@ -156,12 +157,19 @@ def test_first_seed_sets_the_seeds_an_experiment_runs(tuning_dir: Path, tmp_path
     result = CliRunner().invoke(app, [*args, "--out", str(out)])
     assert result.exit_code == 0, result.output
     saved = json.loads((out / "sim" / "tuned" / "results.json").read_text())
-    assert sorted({r["seed"] for r in saved[0]["runs"]}) == [4, 5]
-    assert {r["label"] for r in saved[0]["runs"]} == {
+    cells = {c["cell_key"]: c for c in saved}
+    assert sorted({r["seed"] for r in cells["shared-prefix"]["runs"]}) == [4, 5]
+    assert {r["label"] for r in cells["shared-prefix"]["runs"]} == {
         "least_loaded",
         "prefix_scorer_mix",
         "marginal_cost",
+        "marginal_cost-w1",
         "marginal_cost-tuned",
+    }
+    assert {r["label"] for r in cells["mixed-bursty"]["runs"]} == {
+        "least_loaded",
+        "marginal_cost",
+        "marginal_cost-w1",
     }
     report = (out / "sim" / "tuned" / "report.md").read_text()
     assert "Not a validation" not in report
