@@ -102,13 +102,16 @@ def test_eviction_is_a_block_removed_and_events_stay_off_by_default() -> None:
     from calroute.engines.kvcache import block_hashes
 
     kv.remember(block_hashes(a), a)
-    kv.remember(block_hashes(b), b)  # 4 blocks into 3: a's first block goes, least recently used
+    # 4 blocks into 3: a's last block goes, as vLLM frees a request's blocks last first (its first stays
+    # cached, and still hits)
+    kv.remember(block_hashes(b), b)
     ev = kv.take_events()
     assert ev == [
         BlockStored(chain(a), None, a),
         BlockStored(chain(b), None, b),
-        BlockRemoved(chain(a)[:1]),
+        BlockRemoved(chain(a)[1:]),
     ]
+    assert kv.cached_prefix_tokens(block_hashes(a)) == BLOCK_TOKENS
     assert kv.take_events() == []
     kv.reset_prefix_cache()
     assert kv.take_events() == [AllBlocksCleared()]

@@ -95,6 +95,9 @@ def nest(depth: int) -> Any:
         ({"prompt": []}, COMPLETIONS, None),  # the engine's call
         ({"prompt": 3}, COMPLETIONS, Invalid(f"prompt must be {PROMPT_TYPES}", "prompt")),
         ({"prompt": [1, True]}, COMPLETIONS, Invalid(f"prompt must be {PROMPT_TYPES}", "prompt")),
+        ({"prompt": [5, False, 7]}, COMPLETIONS, Invalid(f"prompt must be {PROMPT_TYPES}", "prompt")),
+        ({"prompt": [1, 2.0]}, COMPLETIONS, Invalid(f"prompt must be {PROMPT_TYPES}", "prompt")),
+        ({"prompt": [0, 1, -3, 2**70]}, COMPLETIONS, None),  # JSON integers all: the engine judges them
         ({"prompt": ["a", 1]}, COMPLETIONS, Invalid(f"prompt must be {PROMPT_TYPES}", "prompt")),
         ({"prompt": [[1], [[2]]]}, COMPLETIONS, Invalid(f"prompt must be {PROMPT_TYPES}", "prompt")),
         ({"prompt": [None]}, COMPLETIONS, Invalid(f"prompt must be {PROMPT_TYPES}", "prompt")),

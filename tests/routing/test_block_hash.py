@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from calroute.routing.block_hash import PromptBlocks, block_hashes, root_hash
+from calroute.routing.block_hash import PromptBlocks, block_hashes, machine_token_ids, root_hash
 
 B = 16
 
@@ -91,3 +91,38 @@ def test_hashing_resumes_past_the_precomputed_tables() -> None:
     tokens = np.random.default_rng(3).integers(0, 50_000, 8300 * B)
     head = block_hashes(tokens[: 8190 * B], B)
     assert head + block_hashes(tokens[8190 * B :], B, parent=head[-1]) == block_hashes(tokens, B)
+
+
+@pytest.mark.parametrize(
+    ("ids", "machine"),
+    [
+        ([5, 0, 1, 150_000], [5, 0, 1, 150_000]),
+        ([0, 2**64 - 1], [0, 2**64 - 1]),
+        ([3, -1], None),  # negative: not a token id (the proxy's loop lets the engine refuse it)
+        ([1, True], None),  # JSON's true is not a token id, though it converts as 1
+        ([False], None),
+        ([3, 2.0], None),
+        ([3, "4"], None),
+        ([3, None], None),
+        ([2**64], None),  # past 64 bits: not a machine integer
+        ([], None),
+        ("12", None),
+        ((1, 2), None),  # a JSON array is a list
+    ],
+)
+def test_machine_token_ids_take_json_integers_only(ids: object, machine: list[int] | None) -> None:
+    out = machine_token_ids(ids)
+    assert (None if out is None else out.tolist()) == machine
+
+
+def test_a_machine_prompt_hashes_as_its_list_does() -> None:
+    ids = [int(x) for x in np.random.default_rng(3).integers(0, 150_000, 1000)]
+    machine = machine_token_ids(ids)
+    assert machine is not None
+    assert PromptBlocks(machine, 16).all() == block_hashes(ids, 16)
+    # a negative id ends the blocks where its stretch begins, in a list or a signed array alike: here
+    # blocks 1-2 are the second stretch
+    bad_list = [*ids[:40], -1, *ids[41:]]
+    blocks = PromptBlocks(np.array(bad_list, dtype=np.int64), 16, first_blocks=1)
+    assert blocks.all() == PromptBlocks(bad_list, 16, first_blocks=1).all()
+    assert len(blocks) == 1

@@ -81,15 +81,28 @@ def test_the_evicted_reuse_ratio_counts_evictions_wanted_back() -> None:
     ix = index(capacity_blocks=4, n=2)
     assert ix.reuse_ratio("e0") == 0.0  # nothing evicted yet: no evidence
     ix.placed("e0", (1, 2, 3, 4))
-    ix.placed("e0", (5, 6))  # evicts 1 and 2
+    ix.placed("e0", (5, 6))  # evicts 4 and 3, the first prompt's tail
     assert ix.reuse_ratio("e0") == 0.0
-    ix.placed("e0", (1,))  # 1 wanted back (and 3 evicted): one regret in three evictions
+    ix.placed("e0", (4,))  # 4 wanted back (and 2 evicted): one regret in three evictions
     assert ix.reuse_ratio("e0") == pytest.approx(1 / 3, rel=0.2)
-    ix.placed("e1", (2,))  # wanted again, but on another engine: e0 is not charged
+    ix.placed("e1", (3,))  # wanted again, but on another engine: e0 is not charged
     assert ix.reuse_ratio("e0") == pytest.approx(1 / 3, rel=0.2) and ix.reuse_ratio("e1") == 0.0
     # a stream of blocks never seen again drives it down
     ix.placed("e0", range(100, 200))
     assert ix.reuse_ratio("e0") < 0.05
+
+
+def test_a_prompt_ages_out_from_its_tail_as_vllm_frees_it() -> None:
+    # vLLM frees a request's blocks last first, so under pressure a cached prompt keeps its head: what is
+    # left of it still hits. Evicting the first block would leave blocks that no prompt can reach.
+    ix = index(capacity_blocks=6, n=1)
+    ix.placed("e0", (1, 2, 3, 4))
+    ix.placed("e0", (7, 8, 9))  # one block over: the first prompt's last block goes
+    assert ix.match((1, 2, 3, 4)) == {"e0": 3 * B}
+    assert ix.match((7, 8, 9)) == {"e0": 3 * B}
+    ix.placed("e0", (10, 11))  # two more: 3 and 2 go, the older prompt's head stays
+    assert ix.match((1, 2, 3, 4)) == {"e0": B}
+    assert ix.match((7, 8, 9)) == {"e0": 3 * B}
 
 
 def test_removed_events_count_as_evictions_too() -> None:

@@ -36,8 +36,8 @@ def test_pinned_blocks_are_shared_and_never_evicted() -> None:
     assert c.holds(1)  # still pinned once
     c.release((1, 2))
     assert c.free_blocks == 2
-    c.trim(B)  # room for one free block: the least recently freed goes
-    assert c.free_blocks == 1
+    c.trim(B)  # room for one free block: the last one freed is the first block, which stays
+    assert c.free_blocks == 1 and c.holds(1) and not c.holds(2)
 
 
 def test_trim_evicts_least_recently_freed_first() -> None:
@@ -47,3 +47,14 @@ def test_trim_evicts_least_recently_freed_first() -> None:
         c.release(blocks)
     c.trim(2 * B)
     assert not c.holds(1) and c.holds(2) and c.holds(3)
+
+
+def test_a_freed_prompt_is_evicted_from_its_tail_as_vllm_frees_it() -> None:
+    # vLLM frees a request's blocks last first ("so that the tail blocks are evicted first"): under pressure
+    # the prompt keeps its head, which still hits; evicting its first block would strand the rest
+    c = BlockCache(B)
+    c.acquire((1, 2, 3, 4), 5 * B)
+    c.release((1, 2, 3, 4))
+    c.trim(2 * B)
+    assert c.holds(1) and c.holds(2) and not c.holds(3) and not c.holds(4)
+    assert c.peek((1, 2, 3, 4), 5 * B) == 2 * B

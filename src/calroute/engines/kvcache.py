@@ -97,33 +97,40 @@ class KvCache:
     # ---- prefix cache ---------------------------------------------------------------------------------
 
     def cached_prefix_tokens(self, hashes: Sequence[int]) -> int:
+        prefix = self._prefix
         hit = 0
         for h in hashes:
-            if h not in self._prefix:
+            if h not in prefix:
                 break
-            self._prefix.move_to_end(h)
             hit += 1
+        for h in reversed(hashes[:hit]):  # touched as ``remember`` orders them: the first block last
+            prefix.move_to_end(h)
         return hit * BLOCK_TOKENS
 
     def remember(self, hashes: Sequence[int], prompt_ids: Sequence[int] = ()) -> None:
         """Cache a finished prompt's full blocks (``prompt_ids``: its tokens, for the BlockStored events)."""
         events = self._events
-        run_start = -1  # first block of the current run of newly cached blocks
-        for i, h in enumerate(hashes):
-            if h in self._prefix:
-                self._prefix.move_to_end(h)
-                if events is not None and run_start >= 0:
-                    events.append(self._stored(hashes, run_start, i, prompt_ids))
-                    run_start = -1
-            else:
-                self._prefix[h] = None
-                if run_start < 0:
+        prefix = self._prefix
+        if events is not None:
+            run_start = -1  # first block of the current run of newly cached blocks
+            for i, h in enumerate(hashes):
+                if h in prefix:
+                    if run_start >= 0:
+                        events.append(self._stored(hashes, run_start, i, prompt_ids))
+                        run_start = -1
+                elif run_start < 0:
                     run_start = i
-        if events is not None and run_start >= 0:
-            events.append(self._stored(hashes, run_start, len(hashes), prompt_ids))
+            if run_start >= 0:
+                events.append(self._stored(hashes, run_start, len(hashes), prompt_ids))
+        # Most recently used in reverse, the first block last: vLLM frees a request's blocks "in reverse
+        # order so that the tail blocks are evicted first" (KVCacheManager.free), so a prompt's cached run
+        # shortens from its end instead of losing its first block and every hit with it.
+        for h in reversed(hashes):
+            prefix[h] = None
+            prefix.move_to_end(h)
         evicted = []
-        while len(self._prefix) > self.total_blocks:
-            old, _ = self._prefix.popitem(last=False)
+        while len(prefix) > self.total_blocks:
+            old, _ = prefix.popitem(last=False)
             evicted.append(old)
         if events is not None and evicted:
             events.append(BlockRemoved(evicted))

@@ -9,10 +9,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import numpy.typing as npt
+
 from calroute.proxy.http import codec
 from calroute.proxy.oracle import ORACLE_HEADER, oracle_tokens
 from calroute.proxy.slo import slo_class
 from calroute.results.records import RequestRecord
+from calroute.routing.block_hash import machine_token_ids
 from calroute.types import RequestStatus, SloClass
 
 if TYPE_CHECKING:
@@ -101,6 +105,7 @@ class Flight:
     # proxy cannot tokenize), the tokens the index expected the chosen prefill engine to hold, and what
     # that engine said it served from its cache (kv_transfer_params.remote_prefill_cached_tokens).
     prefix_blocks: Sequence[int] = ()  # a PromptBlocks: hashed as far as the router asks (proxy/prefix.py)
+    prompt_ids: npt.NDArray[np.uint64] | None = None  # a token-id prompt's ids as machine ints (board)
     predicted_cached_tokens: int = 0
     cached_tokens: int = 0
 
@@ -170,7 +175,9 @@ def _prompt_ok(prompt: Any) -> bool:
         return True
     first = prompt[0]
     if _is_int(first):
-        return all(_is_int(t) for t in prompt)
+        # the conversion checks the common case in C; the loop gives the verdict on the rest (an id past
+        # 64 bits is a JSON integer too: the engine judges it)
+        return machine_token_ids(prompt) is not None or all(_is_int(t) for t in prompt)
     if isinstance(first, str):
         return all(isinstance(t, str) for t in prompt)
     return all(isinstance(p, list) and all(_is_int(t) for t in p) for p in prompt)
@@ -215,11 +222,14 @@ def _optional_int(body: dict[str, Any], name: str, low: int, high: int | None) -
     return None
 
 
-def validate(body: Any, path: str, max_model_len: int) -> Invalid | None:
+def validate(
+    body: Any, path: str, max_model_len: int, prompt_ids: npt.NDArray[np.uint64] | None = None
+) -> Invalid | None:
     """None when the proxy can route the body; what is wrong with it otherwise: the fields the proxy reads
     or writes back (prompt or messages, the token limits, stream and its options), the few it relays
     whose type vLLM fixes (model, n, min_tokens, ignore_eos), and the body's depth. The engine judges the
-    rest, and its 4xx goes back to the client."""
+    rest, and its 4xx goes back to the client. ``prompt_ids``: the prompt's token ids as ``board``
+    converted them (routing/block_hash.machine_token_ids), which checked them already."""
     if not isinstance(body, dict):
         return Invalid("the request body must be a JSON object")
     chat = path.endswith("chat/completions")
@@ -241,7 +251,7 @@ def validate(body: Any, path: str, max_model_len: int) -> Invalid | None:
         invalid = _messages_invalid(body["messages"])
         if invalid is not None:
             return invalid
-    elif not _prompt_ok(body["prompt"]):
+    elif prompt_ids is None and not _prompt_ok(body["prompt"]):
         return Invalid(f"prompt must be {PROMPT_TYPES}", "prompt")
     for name in ("max_tokens", "max_completion_tokens"):
         invalid = _optional_int(body, name, 1, max_model_len)
@@ -279,7 +289,11 @@ def board(
         body = codec.loads(request.body)
     except codec.DecodeError as e:
         return Invalid(f"the request body is not valid JSON: {e}")
-    invalid = validate(body, path, cfg.cluster.max_model_len)
+    # A token-id prompt is converted once, here: the conversion is the check of its ids, and the array is
+    # what the prefix index hashes (proxy/prefix.py).
+    chat = path.endswith("chat/completions")
+    prompt_ids = None if chat or not isinstance(body, dict) else machine_token_ids(body.get("prompt"))
+    invalid = validate(body, path, cfg.cluster.max_model_len, prompt_ids)
     if invalid is not None:
         return invalid
     try:
@@ -304,5 +318,6 @@ def board(
         max_tokens if isinstance(max_tokens, int) else 0,
         forwarded=forwarded(request.headers),
         oracle_tokens=true_tokens,
+        prompt_ids=prompt_ids,
     )
     return body, flight

@@ -114,7 +114,7 @@ class Generation:
         body, flight = boarded
         if self.router.prefix is not None:
             flight.prefix_blocks = prompt_blocks(
-                body, path == "/v1/chat/completions", self.router.prefix.block_tokens
+                body, path == "/v1/chat/completions", self.router.prefix.block_tokens, flight.prompt_ids
             )
         try:
             return await self._serve(request, body, path, flight)

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from calroute.engines.api import ApiError, prompt_token_ids
 from calroute.engines.kvcache import BLOCK_TOKENS
 from calroute.routing.block_hash import PromptBlocks
@@ -26,19 +29,27 @@ def cached_tokens(out: dict[str, Any], kv: Any) -> int:
     return cached if isinstance(cached, int) and not isinstance(cached, bool) and cached >= 0 else 0
 
 
-def prompt_blocks(body: dict[str, Any], chat: bool, block_tokens: int = BLOCK_TOKENS) -> PromptBlocks:
+def prompt_blocks(
+    body: dict[str, Any],
+    chat: bool,
+    block_tokens: int = BLOCK_TOKENS,
+    prompt_ids: npt.NDArray[np.uint64] | None = None,
+) -> PromptBlocks:
     """The prompt's full blocks of ``block_tokens`` (the engines' block size), hashed as the emulator hashes
     them (routing/block_hash.py) from the token ids it would prefill: the ids as given for a token-id
     prompt, the emulator's tokenizer for text and chat. Real vLLM tokenizes text with its own tokenizer,
     which the proxy does not load: there only token-id prompts hash as the engine does.
 
     Nothing is hashed here: the router hashes as far as its index can match (a few microseconds per 64
-    blocks) and the rest only to record a placement. A token-id prompt is taken as the body holds it (the
-    proxy checked that its ids are JSON integers, flight.validate): the emulator's own check of every id
+    blocks) and the rest only to record a placement. A token-id prompt is taken as ``prompt_ids``, the
+    machine integers the proxy converted it to when it checked it (flight.board), or else as the body holds
+    it: the emulator's own check of every id
     against its vocabulary cost 0.8 ms for 8k tokens, and an id the engine refuses (negative, out of its
     vocabulary) gets the engine's 400 whatever the routing; a negative one ends the prompt's blocks. Text
     costs about 2 ms to tokenize for 8k tokens (its pieces memoised). A body the emulator cannot read has
     no blocks."""
+    if prompt_ids is not None:
+        return PromptBlocks(prompt_ids, block_tokens)
     prompt = body.get("prompt")
     if not chat and isinstance(prompt, list) and prompt and type(prompt[0]) is int:
         return PromptBlocks(prompt, block_tokens)

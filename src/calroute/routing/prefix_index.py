@@ -122,12 +122,15 @@ class PrefixIndex:
         self.stored(instance_id, blocks)
 
     def stored(self, instance_id: str, blocks: Iterable[int]) -> None:
-        """The engine holds these blocks now (most recently used)."""
+        """The engine holds these blocks now (most recently used), a prompt's blocks in order: its first
+        block is taken as the most recent of them, since an engine frees a request's blocks last first
+        (vLLM's KVCacheManager.free, "so that the tail blocks are evicted first"), and ages the tail out
+        before the head."""
         lru = self._lru[instance_id]
         bit = self._bit[instance_id]
         holders = self._holders
         ghost = self._ghost[instance_id]
-        for b in blocks:
+        for b in reversed(blocks if isinstance(blocks, (list, tuple)) else list(blocks)):
             if b in lru:
                 lru.move_to_end(b)
             else:

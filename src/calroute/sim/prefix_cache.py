@@ -1,9 +1,11 @@
 """A simulated engine's prefix cache, with vLLM's semantics at the workload's block size (docs/prefix.md).
 
 A request pins its prompt's blocks while the engine holds its KV; an unpinned block stays cached, free, in
-an LRU, until the room it takes is needed. A hit is the longest leading run of a prompt's blocks that the
-engine holds, pinned by another request or free. As in vLLM, a prompt is never served whole from cache: its
-last token is always computed, so at most ``(prompt_tokens - 1) // block_tokens`` blocks hit.
+an LRU, until the room it takes is needed; a request's blocks are freed last block first, as vLLM frees
+them, so the tail of a prompt is evicted before its head. A hit is the longest leading run of a prompt's
+blocks that the engine holds, pinned by another request or free. As in vLLM, a prompt is never served
+whole from cache: its last token is always computed, so at most ``(prompt_tokens - 1) // block_tokens``
+blocks hit.
 
 The engine's KV accounting (sim/prefill.py, sim/decode.py) counts each held prompt whole, a shared block
 once per request that holds it; the cache keeps free blocks only in the room that accounting leaves
@@ -90,10 +92,13 @@ class BlockCache:
         return run * self.block_tokens
 
     def release(self, blocks: tuple[int, ...]) -> None:
-        """The request no longer holds its KV: its blocks stay cached, most recently used last."""
+        """The request no longer holds its KV: its blocks stay cached, the prompt's first block the most
+        recently used. vLLM frees a request's blocks in reverse order "so that the tail blocks are evicted
+        first" (KVCacheManager.free): a prompt's cached run shortens from its end under pressure, rather
+        than losing its first block and with it every hit on the rest."""
         pinned = self._pinned
         free = self._free
-        for b in blocks:
+        for b in reversed(blocks):
             n = pinned[b] - 1
             if n:
                 pinned[b] = n
