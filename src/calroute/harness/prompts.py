@@ -11,8 +11,9 @@ four tokens spell the index in base 990, so distinct indices below 990**4 (about
 distinct first blocks; the rest are a hash of (seed, key, position). A string key is hashed (64 bits) into
 every token, distinct with overwhelming probability.
 
-The token stream is splitmix64 over the position, written with numpy's wrapping uint64 arithmetic: unlike
-numpy's Generator streams, whose output may change between numpy versions, it is fixed by this code alone.
+The token stream is splitmix64 over the position (workload/tokens.mix64, in numpy's wrapping uint64
+arithmetic): unlike numpy's Generator streams, whose output may change between numpy versions, it is fixed
+by this code alone.
 """
 
 from __future__ import annotations
@@ -23,15 +24,12 @@ import numpy as np
 import numpy.typing as npt
 
 from calroute.errors import ConfigError
+from calroute.workload.tokens import GOLDEN, mix64
 
 MIN_TOKEN_ID = 10
 MAX_TOKEN_ID = 1000  # exclusive
 _SPAN = MAX_TOKEN_ID - MIN_TOKEN_ID
 _HEADER_TOKENS = 4  # base-990 digits of an integer key: distinct first blocks for up to 990**4 requests
-
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
 
 
 def _key_hash(key: int | str, seed: int) -> int:
@@ -46,10 +44,7 @@ def prompt_array(key: int | str, length: int, seed: int = 0) -> npt.NDArray[np.i
     if isinstance(key, int) and key < 0:
         raise ConfigError(f"a prompt's integer key must be >= 0, got {key}")
     # splitmix64 of (hash + position * golden ratio); arrays wrap on overflow without warnings.
-    x = np.arange(1, length + 1, dtype=np.uint64) * _GOLDEN + np.uint64(_key_hash(key, seed))
-    x = (x ^ (x >> np.uint64(30))) * _MIX1
-    x = (x ^ (x >> np.uint64(27))) * _MIX2
-    x ^= x >> np.uint64(31)
+    x = mix64(np.arange(1, length + 1, dtype=np.uint64) * GOLDEN + np.uint64(_key_hash(key, seed)))
     ids: npt.NDArray[np.int64] = (x % np.uint64(_SPAN)).astype(np.int64) + MIN_TOKEN_ID
     if isinstance(key, int):
         digits = [(key // _SPAN**p) % _SPAN + MIN_TOKEN_ID for p in range(_HEADER_TOKENS - 1, -1, -1)]

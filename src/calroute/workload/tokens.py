@@ -27,7 +27,7 @@ from calroute.types import PREFIX_BLOCK_TOKENS, RequestSpec
 FIRST_TOKEN_ID = 10
 DEFAULT_VOCAB_SIZE = 1000  # exclusive; harness/prompts.py's MAX_TOKEN_ID
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # splitmix64's increment
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 # Keep a block's stream and a prompt's own stream apart even if a block id equals a tail's key.
@@ -37,12 +37,17 @@ _MASK64 = (1 << 64) - 1
 U64Array = npt.NDArray[np.uint64]
 
 
-def _splitmix(x: U64Array) -> U64Array:
-    x = x * _GOLDEN + _GOLDEN
+def mix64(x: U64Array) -> U64Array:
+    """splitmix64's output function, a bijection on uint64 (numpy's arithmetic wraps): the prompt
+    generators' token streams are this of a counter (here, harness/prompts.py)."""
     x = (x ^ (x >> np.uint64(30))) * _MIX1
     x = (x ^ (x >> np.uint64(27))) * _MIX2
     out: U64Array = x ^ (x >> np.uint64(31))
     return out
+
+
+def _splitmix(x: U64Array) -> U64Array:
+    return mix64(x * GOLDEN + GOLDEN)
 
 
 def _tail_key(request_id: str, seed: int) -> int:
