@@ -13,15 +13,13 @@ from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile
 from calroute.errors import ConfigError
 from calroute.types import PREFIX_BLOCK_TOKENS, RequestSpec, SloClass
 from calroute.workload.families import FAMILIES, LengthDist
-from calroute.workload.prefix_families import (
+from calroute.workload.prefix_families import block_id_base, generate_prefix_family, session_turns
+from calroute.workload.prefix_params import (
     PREFIX_FAMILIES,
     AgenticParams,
     MultiTurnParams,
     SharedPrefixParams,
-    block_id_base,
     default_params,
-    generate_prefix_family,
-    session_turns,
 )
 from calroute.workload.reuse import unbounded_reuse
 from calroute.workload.source import WORKLOADS, FamilyWorkload

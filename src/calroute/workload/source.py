@@ -9,7 +9,8 @@ from typing import Any, Protocol
 from calroute.errors import ConfigError
 from calroute.types import RequestSpec
 from calroute.workload.families import FAMILIES, generate_family
-from calroute.workload.prefix_families import PREFIX_FAMILIES, generate_prefix_family
+from calroute.workload.prefix_families import generate_prefix_family
+from calroute.workload.prefix_params import PREFIX_FAMILIES
 from calroute.workload.traces import Trace, load_trace
 
 # Every name `--workload` takes: the paper's families, then the ones with prompt reuse.
