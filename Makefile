@@ -9,7 +9,8 @@ VLLM_MODEL ?= .venv-vllm/tiny-model
 
 .PHONY: demo test lint bench clean vllm example compiled
 
-$(STAMP): pyproject.toml
+# setup.py and the C source: an editable install builds the C extension (src/calroute/routing/_native.c) in place.
+$(STAMP): pyproject.toml setup.py src/calroute/routing/_native.c
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
@@ -31,7 +32,7 @@ lint: $(STAMP)
 COMPILED := build/compiled
 compiled: $(COMPILED)/.built
 
-$(COMPILED)/.built: $(STAMP) setup.py $(shell find src/calroute -name '*.py')
+$(COMPILED)/.built: $(STAMP) setup.py $(shell find src/calroute -name '*.py' -o -name '*.c')
 	$(BIN)/pip install --quiet 'setuptools>=68' 'wheel>=0.41'
 	rm -rf $(COMPILED) build/lib* build/temp*
 	CALROUTE_COMPILE=1 $(BIN)/pip install --quiet --no-deps --no-build-isolation --target $(COMPILED) .

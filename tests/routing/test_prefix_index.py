@@ -147,3 +147,30 @@ def test_a_lazy_prompt_is_hashed_only_as_far_as_some_engine_holds_it() -> None:
     ix.stored("e2", hashes)
     assert ix.match(PromptBlocks(tokens, B, first_blocks=16)) == {"e0": 3 * B, "e1": 40 * B, "e2": 200 * B}
     assert ix.match(PromptBlocks([], B)) == {}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_lazy_match_over_a_wide_pool_agrees_with_a_block_by_block_walk(seed: int) -> None:
+    # 70 engines: the running set starts past a machine word and, once the engines numbered 64 and up have
+    # left it in the first stretches, fits one, while the holders of later blocks still name them
+    rng = np.random.default_rng(seed)
+    n, blocks_n = 70, 120
+    tokens = rng.integers(0, 150_000, blocks_n * B).tolist()
+    hashes = block_hashes(tokens, B)
+    ix = index(capacity_blocks=200, n=n)
+    held: dict[str, set[int]] = {}
+    for i in range(n):
+        top = int(rng.integers(0, 4)) if i >= 64 else int(rng.integers(0, blocks_n + 1))
+        share = [h for h in hashes[:top] if rng.random() < 0.98]
+        if i >= 64:
+            share += hashes[60:90]  # later blocks without the head: no hit there
+        ix.stored(f"e{i}", share)
+        held[f"e{i}"] = set(share)
+    want = {}
+    for iid, bs in held.items():
+        run = next((k for k, h in enumerate(hashes) if h not in bs), blocks_n)
+        if run:
+            want[iid] = run * B
+    for first in (1, 2, 5, 64):
+        assert ix.match(PromptBlocks(tokens, B, first_blocks=first)) == want
+    assert ix.match(hashes) == want

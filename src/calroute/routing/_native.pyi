@@ -1,0 +1,6 @@
+from typing import Any
+
+def chain(tokens: Any, start: int, block_tokens: int, n_blocks: int, parent: int) -> list[int]: ...
+def walk(
+    holders: dict[int, int], blocks: list[int], running: int
+) -> tuple[int, list[tuple[int, int]], int, bool]: ...
