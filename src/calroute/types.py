@@ -10,8 +10,9 @@ and ``replace``/``as_dict`` in place of ``_replace``/``_asdict``. The other type
 
 from __future__ import annotations
 
+from dataclasses import fields
 from enum import StrEnum
-from typing import Any, ClassVar, Final, NamedTuple, Self
+from typing import Any, ClassVar, Final, NamedTuple, Self, cast
 
 
 class SloClass(StrEnum):
@@ -48,11 +49,31 @@ class RequestSpec(NamedTuple):
     prefix_blocks: tuple[int, ...] = ()
 
 
+def _by_fields(cls: type[Any], values: dict[str, Any]) -> Any:
+    return cls(**values)
+
+
+class PicklesByConstructor:
+    """Pickling by the constructor, for frozen dataclasses. The compiled build (setup.py) makes them native
+    classes, which pickle restores attribute by attribute through the frozen ``__setattr__``, and fails: a
+    process pool (``calroute tune --workers 2``) sending a calibration to its workers did. The constructor
+    checks the values again, as for any other caller."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return _by_fields, (type(self), {f.name: getattr(self, f.name) for f in fields(cast(Any, self))})
+
+
 class SlottedValue:
-    """Value semantics for the slotted hot-path types, over the fields each lists in ``_fields``."""
+    """Value semantics for the slotted hot-path types, over the fields each lists in ``_fields``; they pickle
+    by their constructor, as ``PicklesByConstructor`` says why."""
 
     __slots__ = ()
     _fields: ClassVar[tuple[str, ...]]
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return _by_fields, (type(self), self.as_dict())
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self._fields}

@@ -7,6 +7,7 @@ bounded in time.
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -40,6 +41,52 @@ def test_compiled_build_is_compiled(compiled_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True)
     files = out.stdout.split()
     assert all(f.startswith(str(compiled_path)) and f.endswith(".so") for f in files), files
+
+
+# Every frozen dataclass of the compiled modules pickles by its constructor (types.PicklesByConstructor), as
+# a process pool needs: compiled, pickle's default would restore them attribute by attribute, and fail.
+_PICKLE_CHECK = """
+import dataclasses, importlib, pickle, sys
+from calroute.costmodel.profiles import get_profile
+from calroute.policies.marginal_cost import Params
+from calroute.results.metrics import summarize
+from calroute.types import Admission, PicklesByConstructor, SloClass
+missing = []
+for path in sys.argv[1:]:
+    module = importlib.import_module(path.removeprefix("src/").removesuffix(".py").replace("/", "."))
+    for cls in vars(module).values():
+        if (
+            isinstance(cls, type)
+            and cls.__module__ == module.__name__
+            and dataclasses.is_dataclass(cls)
+            and cls.__dataclass_params__.frozen
+            and not issubclass(cls, PicklesByConstructor)
+        ):
+            missing.append(f"{module.__name__}.{cls.__name__}")
+assert not missing, missing
+cal = get_profile("a40-qwen2.5-3b").calibration
+for obj in (cal, Params(w_b=0.5), summarize([], cal.slo), Admission("r", 700, 180, SloClass.TIGHT)):
+    assert pickle.loads(pickle.dumps(obj)) == obj, obj
+print("ok")
+"""
+
+
+def test_the_compiled_frozen_dataclasses_pickle(compiled_path: Path) -> None:
+    setup_py = ast.parse((ROOT / "setup.py").read_text())
+    modules = next(
+        ast.literal_eval(node.value)
+        for node in setup_py.body
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "COMPILED_MODULES"
+    )
+    env = {**os.environ, "PYTHONPATH": str(compiled_path)}
+    out = subprocess.run(
+        [sys.executable, "-c", _PICKLE_CHECK, *modules],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
 
 CASES = {

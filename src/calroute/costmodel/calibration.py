@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from calroute.errors import CalibrationError
-from calroute.types import SloClass
+from calroute.types import PicklesByConstructor, SloClass
 
 SCHEMA_VERSION = 1
 
@@ -34,7 +34,7 @@ def _positive(name: str, value: float, allow_zero: bool = False) -> None:
 
 
 @dataclass(frozen=True)
-class PrefillCurve:
+class PrefillCurve(PicklesByConstructor):
     """Time of one prefill iteration: base + per_token * T + attn * sum(chunk * (ctx_before + chunk / 2))."""
 
     base_s: float
@@ -53,7 +53,7 @@ class PrefillCurve:
 
 
 @dataclass(frozen=True)
-class DecodeCurve:
+class DecodeCurve(PicklesByConstructor):
     """Time of one decode step: base + per_seq * batch + per_ctx_token * (context tokens in the batch)."""
 
     base_s: float
@@ -70,7 +70,7 @@ class DecodeCurve:
 
 
 @dataclass(frozen=True)
-class TransferModel:
+class TransferModel(PicklesByConstructor):
     """KV transfer time from a prefill to a decode engine: latency + bytes / bandwidth (no contention)."""
 
     latency_s: float
@@ -85,7 +85,7 @@ class TransferModel:
 
 
 @dataclass(frozen=True)
-class SloTargets:
+class SloTargets(PicklesByConstructor):
     """A request's targets by SLO class: TTFT = a fixed part + an allowance per prompt token; TPOT fixed.
 
     The paper's targets (those of every calibration file) have no per-token allowance, and each loose target
@@ -172,7 +172,7 @@ class SloTargets:
 
 
 @dataclass(frozen=True)
-class Calibration:
+class Calibration(PicklesByConstructor):
     """Hardware constants for pricing (tau_pre, tau_dec) and modelling (curves), SLO targets, provenance."""
 
     tau_pre_s: float  # seconds per prompt token (the router's prefill price)

@@ -65,11 +65,11 @@ from typing import ClassVar
 from calroute.costmodel.calibration import Calibration
 from calroute.policies.base import argmin_rotating, check, healthy
 from calroute.policies.search_space import tunable
-from calroute.types import Admission, ClusterView, RouteDecision, SloClass
+from calroute.types import Admission, ClusterView, PicklesByConstructor, RouteDecision, SloClass
 
 
 @dataclass(frozen=True)
-class Params:
+class Params(PicklesByConstructor):
     # Weight of the committed backlog (seconds). 0.26 and w_evict 1.16 were found together by `calroute tune
     # --workload all --search w_b,w_evict` (they were 1 and 2.61): no family worse on held-out seeds at three
     # operating points, ahead on mixed-bursty and the prefix families (docs/tuning.md, "The defaults").

@@ -6,11 +6,11 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from calroute.policies.base import healthy
-from calroute.types import Admission, ClusterView, RouteDecision
+from calroute.types import Admission, ClusterView, PicklesByConstructor, RouteDecision
 
 
 @dataclass(frozen=True)
-class Params:
+class Params(PicklesByConstructor):
     pass
 
 

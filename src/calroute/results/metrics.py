@@ -15,11 +15,11 @@ import numpy as np
 
 from calroute.costmodel.calibration import SloTargets
 from calroute.results.records import RecordWriter, RequestRecord
-from calroute.types import RequestStatus
+from calroute.types import PicklesByConstructor, RequestStatus
 
 
 @dataclass(frozen=True)
-class RunSummary:
+class RunSummary(PicklesByConstructor):
     requests: int
     completed: int
     good: int

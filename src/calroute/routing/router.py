@@ -12,7 +12,14 @@ from calroute.costmodel.predictors import OutputLengthPredictor
 from calroute.policies.base import RoutingPolicy
 from calroute.routing.ledger import Ledger
 from calroute.routing.prefix_index import PrefixIndex
-from calroute.types import Admission, ClusterView, InstanceState, RouteDecision, SloClass
+from calroute.types import (
+    Admission,
+    ClusterView,
+    InstanceState,
+    PicklesByConstructor,
+    RouteDecision,
+    SloClass,
+)
 
 DecisionHook = Callable[[Admission, ClusterView, RouteDecision], None]
 # The simulator's truth for a policy that may see it (policies/oracle.py): (now, seq, blocks, prompt) -> view.
@@ -21,7 +28,7 @@ PolicyFactory = Callable[[Calibration], RoutingPolicy]
 
 
 @dataclass(frozen=True)
-class OnlineRecalibration:
+class OnlineRecalibration(PicklesByConstructor):
     """Online recalibration: what refits the constants from completed requests, and how the policy is
     rebuilt with the new ones."""
 

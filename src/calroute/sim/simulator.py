@@ -25,6 +25,7 @@ from calroute.types import (
     PREFIX_BLOCK_TOKENS,
     ClusterView,
     InstanceSpec,
+    PicklesByConstructor,
     RequestSpec,
     RequestStatus,
     Role,
@@ -34,7 +35,7 @@ RecordSink = Callable[[RequestRecord], None]
 
 
 @dataclass(frozen=True)
-class ClusterShape:
+class ClusterShape(PicklesByConstructor):
     prefill: int
     decode: int
 
@@ -49,7 +50,7 @@ class ClusterShape:
 
 
 @dataclass(frozen=True)
-class SimStats:
+class SimStats(PicklesByConstructor):
     requests: int
     events: int
     end_s: float
