@@ -74,3 +74,19 @@ def test_walk_reports_where_engines_leave_the_running_set(
 def test_walk_refuses_what_it_cannot_read(args: tuple[object, object, object]) -> None:
     with pytest.raises(TypeError):
         walk(*args)  # type: ignore[arg-type]
+
+
+def test_walk_survives_a_block_that_changes_the_list_under_it() -> None:
+    blocks: list[object] = []
+
+    class Evil:
+        # hashes as block 1 and, compared with it, empties the list the walk is reading
+        def __hash__(self) -> int:
+            return hash(1)
+
+        def __eq__(self, other: object) -> bool:
+            blocks.clear()
+            return True
+
+    blocks.extend([Evil(), 2, 3])
+    assert walk({1: 0b1, 2: 0b1, 3: 0b1}, blocks, 0b1) == (1, [], 0b1, False)  # type: ignore[arg-type]

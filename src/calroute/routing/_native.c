@@ -110,6 +110,18 @@ chain(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 /* walk: the running set of engines as a machine word while it fits (up to 64 engines), else as Python ints. */
 
+/* holders[blocks[i]], borrowed, or NULL (an error set, or none: not held). The block is held during the lookup,
+ * and the list's length read again each step: a block that is not an int could run Python code (its __eq__)
+ * and change the list. */
+static PyObject *
+lookup(PyObject *holders, PyObject *blocks, Py_ssize_t i)
+{
+    PyObject *key = Py_NewRef(PyList_GET_ITEM(blocks, i));
+    PyObject *held = PyDict_GetItemWithError(holders, key);
+    Py_DECREF(key);
+    return held;
+}
+
 static PyObject *
 drop_entry(Py_ssize_t i, PyObject *dropped)
 {
@@ -142,7 +154,6 @@ walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (drops == NULL) {
         return NULL;
     }
-    Py_ssize_t n = PyList_GET_SIZE(blocks);
     Py_ssize_t i = 0;
     int ended = 0;
     int overflow = 0;
@@ -158,8 +169,8 @@ walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *last = NULL;    /* wide pools: the last block's holders, held (a key's __eq__ may change the dict) */
     if (!overflow) {
         ended = word == 0;
-        for (; i < n && !ended; i++) {
-            PyObject *held = PyDict_GetItemWithError(holders, PyList_GET_ITEM(blocks, i));
+        for (; i < PyList_GET_SIZE(blocks) && !ended; i++) {
+            PyObject *held = lookup(holders, blocks, i);
             if (held == NULL) {
                 if (PyErr_Occurred()) {
                     goto fail;
@@ -198,8 +209,8 @@ walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             goto fail_running;
         }
         ended = empty;
-        for (; i < n && !ended; i++) {
-            PyObject *held = PyDict_GetItemWithError(holders, PyList_GET_ITEM(blocks, i));
+        for (; i < PyList_GET_SIZE(blocks) && !ended; i++) {
+            PyObject *held = lookup(holders, blocks, i);
             if (held == NULL) {
                 if (PyErr_Occurred()) {
                     goto fail_running;
