@@ -49,6 +49,32 @@ def test_the_simulator_shows_it_the_true_lengths_and_state(calibration: Calibrat
     assert sum(s.in_flight for s in views[1][1].prefill) == 1
 
 
+def test_a_decode_engines_true_backlog_is_every_streams_time_left(calibration: Calibration) -> None:
+    # the quantity the ledger estimates (routing/ledger.py): the time left summed over the streams, not the
+    # longest stream's; two 400-token streams on one decode engine, a third request while both run
+    from calroute.costmodel.profiles import get_profile
+
+    profile = get_profile("a40-qwen2.5-3b")
+    shape = ClusterShape(1, 1)
+    specs = shape.instances(profile.limits.kv_capacity_tokens)
+    router = build_router(
+        "oracle", {}, profile.calibration, Ledger(specs, profile.calibration), seeds=RouterSeeds()
+    )
+    views: list[ClusterView] = []
+    router.on_decision = lambda adm, view, d: views.append(view)
+    reqs = [
+        RequestSpec("r0", 0.0, 200, 400, SloClass.LOOSE),
+        RequestSpec("r1", 0.01, 200, 400, SloClass.LOOSE),
+        RequestSpec("r2", 1.0, 200, 10, SloClass.LOOSE),
+    ]
+    ClusterSim(profile, shape, router, "oracle").run(reqs, lambda r: None)
+    decode = views[2].decode[0]
+    tau = profile.calibration.tau_dec_s
+    assert decode.running == 2
+    # both streams have most of their 400 tokens left: more than one stream could have
+    assert 600 * tau < decode.backlog_s < 800 * tau
+
+
 def test_live_routers_refuse_it_by_name(calibration: Calibration) -> None:
     with pytest.raises(ConfigError, match="simulator only"):
         check_live_policy("oracle")

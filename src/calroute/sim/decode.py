@@ -305,33 +305,36 @@ class DecodeInstance:
         reuse: float,
     ) -> InstanceState:
         """This engine as it is now, for a request with these blocks (the oracle's view): KV in use, and
-        committed as the true outputs will grow it; backlog the time its longest stream has left at
-        ``tau_dec_s``; the hits this request would get, counting the blocks of the requests waiting to be
-        pulled here (as PrefillInstance.true_state)."""
+        committed as the true outputs will grow it; backlog the true value of what the ledger estimates (its
+        module docstring), the output tokens every stream here has left, summed, at ``tau_dec_s``; the hits
+        this request would get, counting the blocks of the requests waiting to be pulled here (as
+        PrefillInstance.true_state). The backlog was once the longest stream's time alone: another quantity
+        than marginal_cost's, which weights with w_b_dec > 0 priced very differently (the oracle with
+        mixed-bursty's tuned weights fell to 0.42 goodput where marginal_cost with them had 0.85)."""
         coming: set[int] = set()
         for req in self._waiting:
             coming.update(req.prefix_blocks)
         cached = self.cache.peek_ahead(blocks, prompt_tokens, coming) if blocks else 0
         sample = self._metrics_at(now_s)
         steps = self._steps + (self._steps_at(now_s) if self._running else 0)
-        growth = 0
-        longest = 0
+        left_tokens = 0  # output tokens still to come here, over every stream
         for req in self._running.values():
             left = req.join_step + req.output_tokens - steps
             if left > 0:
-                growth += left
-                if left > longest:
-                    longest = left
+                left_tokens += left
+        growth = left_tokens
         for req in self._waiting:
             growth += req.prompt_tokens + req.output_tokens
+            left_tokens += req.output_tokens
         for req in self._joiners:
             growth += req.output_tokens
+            left_tokens += req.output_tokens
         return InstanceState(
             self.instance_id,
             Role.DECODE,
             True,
             sample.running + sample.waiting,
-            longest * tau_dec_s,
+            left_tokens * tau_dec_s,
             sample.kv_used_tokens + growth,
             sample.kv_used_tokens,
             self.kv_capacity_tokens,
