@@ -6,6 +6,7 @@ import pytest
 
 from calroute.costmodel.calibration import Calibration
 from calroute.costmodel.predictors import OraclePredictor
+from calroute.costmodel.profiles import get_profile
 from calroute.errors import ConfigError
 from calroute.policies import check_live_policy, make_policy
 from calroute.proxy.app import Proxy
@@ -13,6 +14,7 @@ from calroute.proxy.config import ProxyConfig
 from calroute.results.records import RequestRecord
 from calroute.routing.build import build_router
 from calroute.routing.ledger import Ledger
+from calroute.routing.router import Router
 from calroute.routing.seeds import RouterSeeds
 from calroute.sim.simulator import ClusterShape, ClusterSim
 from calroute.types import Admission, ClusterView, RequestSpec, RequestStatus, SloClass
@@ -27,21 +29,28 @@ def test_it_prices_as_marginal_cost_on_the_view_it_is_given(calibration: Calibra
     ).route(adm, view)
 
 
-def test_the_simulator_shows_it_the_true_lengths_and_state(calibration: Calibration) -> None:
-    from calroute.costmodel.profiles import get_profile
+_PROFILE = get_profile("a40-qwen2.5-3b")
 
-    profile = get_profile("a40-qwen2.5-3b")
-    shape = ClusterShape(2, 4)
-    specs = shape.instances(profile.limits.kv_capacity_tokens)
+
+def _run_oracle(
+    shape: ClusterShape, reqs: list[RequestSpec]
+) -> tuple[Router, list[tuple[Admission, ClusterView]], list[RequestRecord]]:
+    """Simulate ``reqs`` routed by the oracle: its router, every decision's (admission, view), the records."""
+    specs = shape.instances(_PROFILE.limits.kv_capacity_tokens)
     router = build_router(
-        "oracle", {}, profile.calibration, Ledger(specs, profile.calibration), seeds=RouterSeeds()
+        "oracle", {}, _PROFILE.calibration, Ledger(specs, _PROFILE.calibration), seeds=RouterSeeds()
     )
-    assert isinstance(router.predictor, OraclePredictor)
     views: list[tuple[Admission, ClusterView]] = []
     router.on_decision = lambda adm, view, d: views.append((adm, view))
-    reqs = [RequestSpec(f"r{i}", 0.01 * i, 3000, 50 + i, SloClass.LOOSE) for i in range(6)]
     records: list[RequestRecord] = []
-    ClusterSim(profile, shape, router, "oracle").run(reqs, records.append)
+    ClusterSim(_PROFILE, shape, router, "oracle").run(reqs, records.append)
+    return router, views, records
+
+
+def test_the_simulator_shows_it_the_true_lengths_and_state() -> None:
+    reqs = [RequestSpec(f"r{i}", 0.01 * i, 3000, 50 + i, SloClass.LOOSE) for i in range(6)]
+    router, views, records = _run_oracle(ClusterShape(2, 4), reqs)
+    assert isinstance(router.predictor, OraclePredictor)
     assert all(r.status is RequestStatus.OK for r in records)
     assert [adm.predicted_output_tokens for adm, _ in views] == [r.output_tokens for r in reqs]
     # no sampling delay in the truth, and the prompts queued before each arrival are seen at once
@@ -49,27 +58,17 @@ def test_the_simulator_shows_it_the_true_lengths_and_state(calibration: Calibrat
     assert sum(s.in_flight for s in views[1][1].prefill) == 1
 
 
-def test_a_decode_engines_true_backlog_is_every_streams_time_left(calibration: Calibration) -> None:
+def test_a_decode_engines_true_backlog_is_every_streams_time_left() -> None:
     # the quantity the ledger estimates (routing/ledger.py): the time left summed over the streams, not the
     # longest stream's; two 400-token streams on one decode engine, a third request while both run
-    from calroute.costmodel.profiles import get_profile
-
-    profile = get_profile("a40-qwen2.5-3b")
-    shape = ClusterShape(1, 1)
-    specs = shape.instances(profile.limits.kv_capacity_tokens)
-    router = build_router(
-        "oracle", {}, profile.calibration, Ledger(specs, profile.calibration), seeds=RouterSeeds()
-    )
-    views: list[ClusterView] = []
-    router.on_decision = lambda adm, view, d: views.append(view)
     reqs = [
         RequestSpec("r0", 0.0, 200, 400, SloClass.LOOSE),
         RequestSpec("r1", 0.01, 200, 400, SloClass.LOOSE),
         RequestSpec("r2", 1.0, 200, 10, SloClass.LOOSE),
     ]
-    ClusterSim(profile, shape, router, "oracle").run(reqs, lambda r: None)
-    decode = views[2].decode[0]
-    tau = profile.calibration.tau_dec_s
+    _, views, _ = _run_oracle(ClusterShape(1, 1), reqs)
+    decode = views[2][1].decode[0]
+    tau = _PROFILE.calibration.tau_dec_s
     assert decode.running == 2
     # both streams have most of their 400 tokens left: more than one stream could have
     assert 600 * tau < decode.backlog_s < 800 * tau
