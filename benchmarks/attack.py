@@ -52,8 +52,8 @@ from typing import Any
 import numpy as np
 
 from calroute import aio
-from calroute.engines.launch import up_emulated
-from calroute.engines.procs import (
+from calroute.cluster.launch import up_emulated
+from calroute.cluster.procs import (
     free_port,
     run_script,
     start_process_group,

@@ -21,10 +21,10 @@ from typing import Any
 
 import aiohttp
 
+from calroute.cluster.launch import up_emulated
+from calroute.cluster.procs import run_script
 from calroute.costmodel.profiles import get_profile
-from calroute.engines.launch import up_emulated
-from calroute.engines.procs import run_script
-from calroute.engines.tokens import text_of_tokens
+from calroute.emulator.tokens import text_of_tokens
 
 PROMPT_TOKENS = 256
 OUTPUT_TOKENS = 128

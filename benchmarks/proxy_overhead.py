@@ -95,8 +95,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from calroute.engines.launch import up_emulated
-from calroute.engines.procs import run_script
+from calroute.cluster.launch import up_emulated
+from calroute.cluster.procs import run_script
 
 if __package__ in (None, ""):  # run as a script (python benchmarks/proxy_overhead.py): its parts' package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

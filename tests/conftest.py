@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from calroute.cluster import launch, vllm
+from calroute.cluster.file import ClusterFile
 from calroute.costmodel.calibration import Calibration
 from calroute.costmodel.profiles import HardwareProfile, get_profile
-from calroute.engines import launch, vllm
-from calroute.engines.cluster import ClusterFile
 from calroute.types import Admission, ClusterView, InstanceState, Role, SloClass
 
 REPO = Path(__file__).resolve().parents[1]
@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 # (it checks the prefill engine's KV usage drains to 0), the calibration, then the proxy's tests, whose last
 # one kills the decode engine. Within a file the order is unchanged. A test marks itself with `real_vllm`
 # (or requests the fixture).
-REAL_VLLM_ORDER = ("tests/engines/", "tests/calibrate/", "tests/proxy/")
+REAL_VLLM_ORDER = ("tests/emulator/", "tests/calibrate/", "tests/proxy/")
 
 
 def make_state(instance_id: str = "decode-0", role: Role = Role.DECODE, **kw: Any) -> InstanceState:

@@ -14,8 +14,8 @@ from pathlib import Path
 from benchmarks.overhead.client import Salts, Target
 from benchmarks.overhead.cpu import CpuMeter
 from benchmarks.overhead.method import BENCH_VENV, REPO, VLLM_ROUTER_VERSION
-from calroute.engines.launch import LaunchedCluster
-from calroute.engines.procs import (
+from calroute.cluster.launch import LaunchedCluster
+from calroute.cluster.procs import (
     free_port,
     start_process_group,
     stop_process_group,

@@ -14,8 +14,8 @@ from typing import Any
 import aiohttp
 
 from benchmarks.overhead.method import MODEL, OUTPUT_TOKENS, PROMPT_TOKENS, REQUEST_TIMEOUT_S
-from calroute.engines.handoff import PREFILL_KV_PARAMS
-from calroute.engines.tokens import text_of_tokens
+from calroute.contract.handoff import PREFILL_KV_PARAMS
+from calroute.emulator.tokens import text_of_tokens
 
 
 def now() -> float:

@@ -6,16 +6,17 @@ listed here (tests/test_errors.py checks both).
   - NoCandidateError: a pool has no healthy instance to route to
   - TraceFormatError: a trace file that matches none of the supported formats, with the line at fault
   - CalibrationError: a calibration file that cannot be read or fitted
-  - engines: EngineStartError, EngineStopError (procs.py: a process group that would not start or stop);
-    ApiError (api.py: a request the emulator refuses, with vLLM's status and body); PullFailed
+  - cluster: EngineStartError, EngineStopError (procs.py: a process group that would not start or stop)
+  - contract: BadMessage (kv_events.py, also a ValueError: a KV-event message the subscriber will not apply,
+    with its kind), TokenizeError (tokenizer.py, also a ValueError: a prompt a tokenizer cannot read)
+  - emulator: ApiError (api.py: a request the emulator refuses, with vLLM's status and body); PullFailed
     (request.py: a KV pull the prefill engine could not serve)
   - calibrate: RequestFailed (client.py: one measurement request failed), and its NoSteadyWindow (a batch
     never ran whole)
   - harness: GateFailed (gates.py: the correctness gates, each result), _EngineError (gates.py: an engine
     answered, but not as a gate requires); LiveRunError (live.py: a live run could not be made)
   - proxy: EngineFailed (errors.py: an engine failed before any output reached the client: retry);
-    ClientGone (errors.py, also a ConnectionResetError: the client left mid-stream); BadMessage
-    (kv_wire.py, also a ValueError: a KV-event message the subscriber will not apply, with its kind)
+    ClientGone (errors.py, also a ConnectionResetError: the client left mid-stream)
   - proxy/http: UpstreamError (answer.py: an engine unreachable, breaking off, or answering HTTP the
     client does not read), and its ProtocolError (answer.py: an answer misframed or over its cap, with
     its kind); UnsafeRequest (client.py, also a ValueError: a request to an engine with CR, LF or NUL in

@@ -33,6 +33,8 @@ from typer.testing import CliRunner
 from calroute.calibrate.client import EMULATED_TOKEN_IDS, EngineClient
 from calroute.calibrate.run import calibrate_cluster
 from calroute.cli.calibrate import calibrate
+from calroute.cluster import launch
+from calroute.cluster.file import ClusterFile
 from calroute.costmodel.calibration import (
     REF_PROMPT_TOKENS,
     TIGHT_SLO_FACTOR,
@@ -40,8 +42,6 @@ from calroute.costmodel.calibration import (
     DecodeCurve,
 )
 from calroute.costmodel.profiles import get_profile
-from calroute.engines import launch
-from calroute.engines.cluster import ClusterFile
 
 PROFILE = get_profile("a40-qwen2.5-3b").calibration
 TOLERANCE = 0.10

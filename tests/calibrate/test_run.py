@@ -8,8 +8,8 @@ import pytest
 
 from calroute.calibrate import run
 from calroute.calibrate.measure import DecodeMeasurement, HandoffMeasurement, PrefillMeasurement
+from calroute.cluster.file import ClusterFile
 from calroute.costmodel.profiles import get_profile
-from calroute.engines.cluster import ClusterFile
 from tests.conftest import unreachable_cluster
 
 PROFILE = get_profile("a40-qwen2.5-3b").calibration

@@ -11,9 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from calroute.cli.app import app
+from calroute.cluster import launch
 from calroute.costmodel.calibration import Calibration
 from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile
-from calroute.engines import launch
 
 REQUESTS = 40
 # The emulated engines run the profile 10x faster: the runs' timing is not what is checked here (the gates,

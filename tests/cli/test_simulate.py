@@ -16,9 +16,9 @@ import pytest
 from typer.testing import CliRunner
 
 from calroute.cli.app import app
+from calroute.cluster.file import ClusterFile
+from calroute.cluster.procs import process_group_alive, stop_process_group
 from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile
-from calroute.engines.cluster import ClusterFile
-from calroute.engines.procs import process_group_alive, stop_process_group
 from calroute.experiments import get_experiment
 from calroute.policies import POLICIES, SIM_ONLY_POLICIES
 from calroute.results.records import read_records

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from calroute.engines.cluster import ClusterFile
-from calroute.engines.faults import BAD_ANSWERS
-from calroute.engines.procs import stop_process_group
+from calroute.cluster.file import ClusterFile
+from calroute.cluster.procs import stop_process_group
+from calroute.emulator.faults import BAD_ANSWERS
 from calroute.results.records import read_records
 from calroute.types import RequestStatus
-from tests.engines.http import metric, request, stream
+from tests.emulator.http import metric, request, stream
 from tests.proxy.harness import RunningProxy
 
 pytestmark = pytest.mark.faults
@@ -77,7 +77,7 @@ def test_a_decode_engine_that_dies_mid_stream_ends_the_stream_with_an_error(
 def test_an_expired_kv_lease_still_answers(
     fresh_cluster: Callable[..., ClusterFile], proxy_for: Callable[..., RunningProxy], tmp_path: Any
 ) -> None:
-    from calroute.engines import launch
+    from calroute.cluster import launch
 
     launched = launch.up_emulated(1, 1, tmp_path / "short-lease", kv_lease_s=0.0)
     try:

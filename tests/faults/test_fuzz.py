@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from calroute.engines import launch
-from calroute.engines.cluster import ClusterFile
+from calroute.cluster import launch
+from calroute.cluster.file import ClusterFile
 from calroute.proxy.config import ProxyConfig
 from calroute.results.records import read_records
 from calroute.types import RequestStatus

@@ -31,8 +31,8 @@ from typing import Any
 import pytest
 
 from calroute.aio import run
-from calroute.engines import launch
-from calroute.engines.procs import free_port, start_process_group, stop_process_group, wait_http_ready
+from calroute.cluster import launch
+from calroute.cluster.procs import free_port, start_process_group, stop_process_group, wait_http_ready
 from calroute.proxy.config import MAX_ANSWER_BYTES
 from calroute.proxy.generate import ENGINES_FAILED
 from calroute.proxy.http import server as server_mod
@@ -120,7 +120,7 @@ class InProcess(Target):
         return not server.connections and server.buffered_body_bytes == 0
 
     async def bad_decode(self, kind: str | None, stream: bool) -> None:
-        # The fakes' versions of the emulator's bad answers (engines/faults.py), as large.
+        # The fakes' versions of the emulator's bad answers (emulator/faults.py), as large.
         faults = {
             None: Faults(first_byte_s=0.3),
             "oversized": Faults(endless_event=4 * MIB) if stream else Faults(huge_body=32 * MIB),

@@ -12,10 +12,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from calroute.engines.cluster import ClusterFile
+from calroute.cluster.file import ClusterFile
 from calroute.results.records import RequestRecord, read_records
 from calroute.types import RequestStatus
-from tests.engines.http import request
+from tests.emulator.http import request
 from tests.proxy.harness import RunningProxy
 
 pytestmark = pytest.mark.faults

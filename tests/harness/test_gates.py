@@ -15,9 +15,10 @@ from collections.abc import Iterator
 import pytest
 from aiohttp import web
 
-from calroute.engines import launch, tokens
-from calroute.engines.cluster import ClusterEngine, ClusterFile
-from calroute.engines.procs import free_port
+from calroute.cluster import launch
+from calroute.cluster.file import ClusterEngine, ClusterFile
+from calroute.cluster.procs import free_port
+from calroute.emulator import tokens
 from calroute.errors import CalrouteError
 from calroute.harness import gates
 from calroute.types import Role

@@ -18,9 +18,9 @@ from aiohttp import web
 from typer.testing import CliRunner
 
 from calroute.cli.bench import EXIT_INVALID, bench, workload_requests
+from calroute.cluster import launch
+from calroute.cluster.file import ClusterFile
 from calroute.costmodel.profiles import get_profile
-from calroute.engines import launch
-from calroute.engines.cluster import ClusterFile
 from calroute.harness.loadgen import TOKEN_CONTRACT, LoadResult, drive
 from calroute.proxy.config import ProxyConfig
 from calroute.results.metrics import summarize

@@ -80,4 +80,4 @@ def test_live_routers_refuse_it_by_name(calibration: Calibration) -> None:
     check_live_policy("marginal_cost")
     cfg = ProxyConfig(cluster=unreachable_cluster(1, 1), calibration=calibration, policy="oracle")
     with pytest.raises(ConfigError, match="'oracle' runs on the simulator only"):
-        Proxy(cfg)
+        Proxy(cfg, None)

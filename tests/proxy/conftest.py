@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from calroute.cluster import launch
+from calroute.cluster.file import ClusterFile
 from calroute.costmodel.profiles import get_profile
-from calroute.engines import launch
-from calroute.engines.cluster import ClusterFile
 from calroute.proxy.config import ProxyConfig
 from tests.proxy.harness import RunningProxy
 

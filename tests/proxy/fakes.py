@@ -26,7 +26,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from calroute.engines.cluster import ClusterFile
+from calroute.cluster.file import ClusterFile
+from calroute.emulator.api import EmulatorTokenizer
 from calroute.proxy.app import Proxy
 from calroute.proxy.config import ProxyConfig
 from calroute.proxy.engine_client import EngineClient, ProtocolError, UpstreamError
@@ -499,7 +500,9 @@ class ProxyOnFakes:
             decision_log_path=tmp_path / "decisions.jsonl",
             **kw,
         )
-        self.proxy = Proxy(self.cfg, engines={**fakes.clients(), **(engines or {})}, probe=fakes.probe)
+        self.proxy = Proxy(
+            self.cfg, EmulatorTokenizer(), engines={**fakes.clients(), **(engines or {})}, probe=fakes.probe
+        )
         self._signals = signals
         self.port = 0
 

@@ -6,13 +6,19 @@ import asyncio
 import threading
 from types import TracebackType
 
+from calroute.contract.tokenizer import Tokenizer
+from calroute.emulator.api import EmulatorTokenizer
 from calroute.proxy.app import Proxy
 from calroute.proxy.config import ProxyConfig
 
+EMULATOR = EmulatorTokenizer()
+
 
 class RunningProxy:
-    def __init__(self, cfg: ProxyConfig) -> None:
-        self.proxy = Proxy(cfg)
+    """The proxy with the emulator's tokenizer unless told otherwise (``tokenizer=None``: none)."""
+
+    def __init__(self, cfg: ProxyConfig, tokenizer: Tokenizer | None = EMULATOR) -> None:
+        self.proxy = Proxy(cfg, tokenizer)
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._started = False

@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pytest
 
+from calroute.cluster.file import ClusterFile
 from calroute.costmodel.predictors import make_predictor
 from calroute.costmodel.profiles import get_profile
-from calroute.engines.cluster import ClusterFile
 from calroute.policies import make_policy
 from calroute.routing.decisions import DecisionLog, decision_from_json
 from calroute.routing.ledger import Ledger
 from calroute.routing.router import Router
 from calroute.sim.simulator import ClusterShape, ClusterSim
 from calroute.types import RequestSpec, SloClass
-from tests.engines.http import request
+from tests.emulator.http import request
 from tests.proxy.harness import RunningProxy
 
 PROFILE = get_profile("a40-qwen2.5-3b")

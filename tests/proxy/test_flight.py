@@ -8,8 +8,8 @@ from typing import Any
 import orjson
 import pytest
 
-from calroute.engines import handoff
-from calroute.engines.cluster import ClusterEngine, ClusterFile
+from calroute.cluster.file import ClusterEngine, ClusterFile
+from calroute.contract import handoff
 from calroute.proxy import surface
 from calroute.proxy.flight import (
     MAX_DEPTH,

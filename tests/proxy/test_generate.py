@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from calroute.aio import run
-from calroute.engines.handoff import PREFILL_KV_PARAMS
+from calroute.contract.handoff import PREFILL_KV_PARAMS
 from calroute.proxy.generate import ENGINE_REFUSED, ENGINES_FAILED, STREAM_BROKE
 from calroute.proxy.http.client import Endpoint
 from calroute.types import RequestStatus

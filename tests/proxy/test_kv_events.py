@@ -12,8 +12,7 @@ import msgpack
 import zmq
 from prometheus_client import CollectorRegistry
 
-from calroute.engines.kv_events import encode_batch
-from calroute.engines.kvcache import AllBlocksCleared, BlockRemoved, BlockStored
+from calroute.contract.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, encode_batch
 from calroute.proxy.kv_events import KvEventSubscriber, PreciseIndex
 from calroute.routing.block_hash import block_hashes
 from calroute.types import InstanceSpec, Role

@@ -12,14 +12,15 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from calroute import aio
-from calroute.engines import launch, tokens
-from calroute.engines.cluster import ClusterFile
-from calroute.engines.kvcache import block_hashes as prefix_block_ids
+from calroute.cluster import launch
+from calroute.cluster.file import ClusterFile
+from calroute.contract.blocks import block_hashes as prefix_block_ids
+from calroute.emulator import tokens
 from calroute.harness.loadgen import drive
 from calroute.proxy.prefix import prompt_blocks
 from calroute.types import PREFIX_BLOCK_TOKENS, RequestSpec, RequestStatus, SloClass
-from tests.engines.http import request
-from tests.proxy.harness import RunningProxy
+from tests.emulator.http import request
+from tests.proxy.harness import EMULATOR, RunningProxy
 from tests.proxy.test_proxy import records, wait_for
 
 
@@ -105,14 +106,18 @@ def test_a_shared_prefix_goes_where_the_events_say_it_is_cached(
 def test_the_proxy_hashes_text_and_token_prompts_as_the_emulator_does() -> None:
     text = tokens.text_of_tokens(100, salt=1)
     ids = tokens.encode(text)
-    assert list(prompt_blocks({"prompt": text}, chat=False)) == prefix_block_ids(ids)
-    assert list(prompt_blocks({"prompt": ids}, chat=False)) == prefix_block_ids(ids)
-    assert list(prompt_blocks({"prompt": [ids]}, chat=False)) == prefix_block_ids(ids)
+    assert list(prompt_blocks({"prompt": text}, False, EMULATOR)) == prefix_block_ids(ids)
+    assert list(prompt_blocks({"prompt": ids}, False, EMULATOR)) == prefix_block_ids(ids)
+    assert list(prompt_blocks({"prompt": [ids]}, False, EMULATOR)) == prefix_block_ids(ids)
     chat = {"messages": [{"role": "user", "content": text}]}
-    assert list(prompt_blocks(chat, chat=True)) == prefix_block_ids(
+    assert list(prompt_blocks(chat, True, EMULATOR)) == prefix_block_ids(
         tokens.encode(tokens.chat_prompt([("user", text)]))
     )
     # the engine refuses these: a negative id ends the blocks (here the first), a body it cannot read has none
-    negative = prompt_blocks({"prompt": [-1] * 40}, chat=False)
+    negative = prompt_blocks({"prompt": [-1] * 40}, False, EMULATOR)
     assert list(negative) == [] and len(negative) == 0
-    assert list(prompt_blocks({"prompt": [[1], [2]]}, chat=False)) == []
+    assert list(prompt_blocks({"prompt": [[1], [2]]}, False, EMULATOR)) == []
+    # without a tokenizer only token-id prompts have blocks
+    assert list(prompt_blocks({"prompt": text}, False, None)) == []
+    assert list(prompt_blocks(chat, True, None)) == []
+    assert list(prompt_blocks({"prompt": ids}, False, None)) == prefix_block_ids(ids)

@@ -11,10 +11,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from calroute.engines.cluster import ClusterFile
+from calroute.cluster.file import ClusterFile
 from calroute.results.records import read_records
 from calroute.types import RequestStatus
-from tests.engines.http import request, stream
+from tests.emulator.http import request, stream
 from tests.proxy.harness import RunningProxy
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 20

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from calroute.engines.cluster import ClusterFile
-from calroute.engines.procs import stop_process_group
+from calroute.cluster.file import ClusterFile
+from calroute.cluster.procs import stop_process_group
 from calroute.proxy.config import ProxyConfig
 from calroute.results.records import read_records
 from calroute.routing.block_hash import block_hashes
 from calroute.types import RequestStatus
-from tests.engines.http import metric, request, stream
+from tests.emulator.http import metric, request, stream
 from tests.proxy.conftest import CAL
 from tests.proxy.harness import RunningProxy
 
@@ -113,7 +113,7 @@ def test_the_precise_prefix_index_learns_from_real_vllms_kv_events(
     real_cluster: ClusterFile, tmp_path: Path
 ) -> None:
     """The engines publish KV events (--kv-events-config), the proxy subscribes and translates vLLM's block
-    hashes into its own (proxy/vllm_blocks.py): the index knows what each engine caches, including a
+    hashes into its own (contract/blocks.py): the index knows what each engine caches, including a
     prompt the proxy never routed, and its prediction is what the engine serves, to the block."""
     c = real_cluster
     assert len(c.prefill) == 2 and c.block_tokens == 128

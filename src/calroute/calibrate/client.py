@@ -14,7 +14,8 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from calroute.engines.handoff import PREFILL_KV_PARAMS
+from calroute.contract.handoff import PREFILL_KV_PARAMS
+from calroute.contract.metrics import CACHE_CONFIG_INFO
 from calroute.errors import CalrouteError
 
 # Prompt token ids: the emulator accepts [3, 4096) (0-2 are special); real models' vocabularies are larger,
@@ -53,7 +54,7 @@ def kv_bytes_from_metrics(text: str) -> int | None:
     Blocks are whole, so this can overstate the true figure by under one block's share.
     """
     for line in text.splitlines():
-        if line.startswith("vllm:cache_config_info{"):
+        if line.startswith(CACHE_CONFIG_INFO + "{"):
             labels = dict(_LABEL.findall(line))
             try:
                 n_bytes = int(labels["kv_cache_memory_bytes"])

@@ -31,8 +31,8 @@ import numpy as np
 
 from calroute.calibrate.client import EngineClient, NoSteadyWindow, RequestFailed
 from calroute.calibrate.plan import MIN_PROMPT_TOKENS, DecodeItem, decode_plan, prefill_ladder, steady_window
+from calroute.cluster.file import ClusterEngine, ClusterFile
 from calroute.costmodel.calibration import REF_PROMPT_TOKENS, PrefillCurve
-from calroute.engines.cluster import ClusterEngine, ClusterFile
 from calroute.errors import CalibrationError
 
 Progress = Callable[[str], None]

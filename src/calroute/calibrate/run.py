@@ -38,10 +38,10 @@ from calroute.calibrate.measure import (
     prefill_sweep,
     warm_up,
 )
+from calroute.cluster.file import ClusterFile
 from calroute.costmodel.calibration import Calibration, DecodeCurve, PrefillCurve, derive_calibration
 from calroute.costmodel.fit import Fit, fit_decode, fit_prefill, fit_transfer
 from calroute.costmodel.profiles import get_profile
-from calroute.engines.cluster import ClusterFile
 from calroute.errors import CalibrationError
 
 PREFILL_SHARE = 0.3  # of the budget left after the warm-up

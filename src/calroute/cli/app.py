@@ -16,7 +16,7 @@ from calroute.cli.run import run
 from calroute.cli.serve import serve
 from calroute.cli.simulate import profile_cmd, simulate
 from calroute.cli.tune import tune
-from calroute.engines.procs import stop_on_sigterm
+from calroute.cluster.procs import stop_on_sigterm
 from calroute.errors import ConfigError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)

@@ -29,9 +29,9 @@ from calroute.cli.common import (
     progress_bar,
     slo_option,
 )
+from calroute.cluster.file import ClusterFile
 from calroute.costmodel.calibration import Calibration
 from calroute.costmodel.profiles import DEFAULT_PROFILE, profile_names
-from calroute.engines.cluster import ClusterFile
 from calroute.errors import ConfigError
 from calroute.harness import gates
 from calroute.harness.loadgen import DEFAULT_MAX_LATENESS_S, DEFAULT_TIMEOUT_S, LoadResult, drive

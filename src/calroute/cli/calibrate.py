@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from calroute.cli.common import err, exit_on_error
-from calroute.engines.cluster import ClusterFile
+from calroute.cluster.file import ClusterFile
 from calroute.errors import CalibrationError
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from calroute.calibrate.run import calibrate_cluster
 from calroute.cli.common import err, load_profile, print_table
-from calroute.engines.launch import up_emulated
+from calroute.cluster.launch import up_emulated
 from calroute.experiments.backends import SimBackend
 from calroute.experiments.base import goodput_table, latency_cdfs
 from calroute.experiments.cells import Cell, CellResult, Run, SaturationQuery, baselines_and_product

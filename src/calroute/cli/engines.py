@@ -10,8 +10,8 @@ from typing import Annotated
 import typer
 
 from calroute.cli.common import err, exit_on_error, load_profile
+from calroute.cluster.file import ClusterFile
 from calroute.costmodel.profiles import DEFAULT_PROFILE, profile_names
-from calroute.engines.cluster import ClusterFile
 from calroute.errors import ConfigError
 from calroute.types import Role
 
@@ -56,9 +56,9 @@ def emulate(
     ] = None,
 ) -> None:
     """Serve emulated vLLM engines (GPU-like timing from a hardware profile) until SIGTERM."""
-    from calroute.engines.emulate import run
-    from calroute.engines.group import EngineSpec, GroupConfig
-    from calroute.engines.kv_events import KvEventsConfig
+    from calroute.contract.kv_events import KvEventsConfig
+    from calroute.emulator.emulate import run
+    from calroute.emulator.group import EngineSpec, GroupConfig
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with exit_on_error():
@@ -112,7 +112,7 @@ def up(
     log_dir: Annotated[Path, typer.Option(help="engine logs")] = Path("out/engines"),
 ) -> None:
     """Start engines, wait until they are healthy, write the cluster file."""
-    from calroute.engines import launch
+    from calroute.cluster import launch
 
     with exit_on_error():
         if kind is Kind.emulated:
@@ -141,7 +141,7 @@ def down(
     cluster_file: Annotated[Path, typer.Argument(help="a cluster file written by `engines up`")],
 ) -> None:
     """Stop every engine process a cluster file names."""
-    from calroute.engines import launch
+    from calroute.cluster import launch
 
     with exit_on_error():
         cluster = ClusterFile.load(cluster_file)

@@ -48,8 +48,8 @@ def run(
     slo: Annotated[str, typer.Option(help=SLO_HELP)] = SLO_DEFAULT,
 ) -> None:
     """Gate, calibrate, then for each policy and seed: fresh proxy, reset caches, warm up, drive, collect."""
+    from calroute.cluster.file import ClusterFile
     from calroute.costmodel.calibration import Calibration
-    from calroute.engines.cluster import ClusterFile
     from calroute.experiments.compare import RunResult
     from calroute.experiments.comparison import Comparison, summary_json
     from calroute.experiments.live import LiveBackend

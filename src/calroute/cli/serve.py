@@ -20,7 +20,7 @@ from calroute.cli.common import (
     policy_params,
     slo_option,
 )
-from calroute.engines.cluster import ClusterFile
+from calroute.cluster.file import ClusterFile
 from calroute.policies import policy_names
 from calroute.proxy.config import MAX_ANSWER_BYTES, MAX_EVENT_BYTES, MAX_PROBE_BYTES
 from calroute.types import SloClass
@@ -146,6 +146,7 @@ def serve(
     Admin endpoints (/state, /admin/policy) need CALROUTE_ADMIN_TOKEN set; engines' API key, if they want
     one, comes from CALROUTE_ENGINE_API_KEY.
     """
+    from calroute.emulator.api import EmulatorTokenizer
     from calroute.proxy.app import Proxy
     from calroute.proxy.config import ProxyConfig
 
@@ -163,7 +164,10 @@ def serve(
                 "[yellow]warning:[/] no --calibration: pricing with the a40-qwen2.5-3b profile's constants"
             )
         proxy = Proxy(
-            ProxyConfig(
+            # The emulator's tokenizer for every cluster, as before the tokenizer interface: the served
+            # model's own is the next step (docs/status.md).
+            tokenizer=EmulatorTokenizer(),
+            cfg=ProxyConfig(
                 cluster=c,
                 calibration=cal,
                 policy=policy,
@@ -191,7 +195,7 @@ def serve(
                 max_buffered_body_bytes=max_buffered_body_bytes,
                 admin_token=os.environ.get("CALROUTE_ADMIN_TOKEN") or None,
                 engine_api_key=os.environ.get("CALROUTE_ENGINE_API_KEY") or None,
-            )
+            ),
         )
     from calroute.aio import run_until_signalled
 

@@ -12,10 +12,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from calroute.cluster import launch
+from calroute.cluster.file import ClusterFile
 from calroute.costmodel.calibration import Calibration
 from calroute.costmodel.slo import PAPER, PRESETS, SloSpec, with_slo
-from calroute.engines import launch
-from calroute.engines.cluster import ClusterFile
 from calroute.errors import ConfigError
 from calroute.experiments.cells import Cell, Run, SaturationQuery
 from calroute.experiments.saturation import find_saturation

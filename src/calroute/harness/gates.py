@@ -33,8 +33,8 @@ from typing import Any
 
 import aiohttp
 
-from calroute.engines import handoff
-from calroute.engines.cluster import ClusterEngine, ClusterFile
+from calroute.cluster.file import ClusterEngine, ClusterFile
+from calroute.contract import handoff
 from calroute.errors import CalrouteError
 from calroute.harness.prompts import prompt_ids
 

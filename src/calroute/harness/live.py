@@ -21,9 +21,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from calroute import aio
+from calroute.cluster.file import ClusterFile
+from calroute.cluster.procs import free_port, start_process_group, stop_process_group, wait_http_ready
 from calroute.costmodel.calibration import Calibration, mismatched
-from calroute.engines.cluster import ClusterFile
-from calroute.engines.procs import free_port, start_process_group, stop_process_group, wait_http_ready
 from calroute.errors import CalrouteError
 from calroute.harness.gates import reset_prefix_caches
 from calroute.harness.loadgen import drive

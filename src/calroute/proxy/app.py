@@ -13,7 +13,8 @@ from typing import IO, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from calroute.engines.kvcache import BLOCK_TOKENS
+from calroute.contract.blocks import BLOCK_TOKENS
+from calroute.contract.tokenizer import Tokenizer
 from calroute.policies import check_live_policy, make_policy
 from calroute.proxy import admin, surface
 from calroute.proxy.config import ENGINE_KEEPALIVE_S, ProxyConfig
@@ -35,12 +36,15 @@ from calroute.routing.seeds import RouterSeeds
 
 
 class Proxy:
-    """``engines`` (by engine id) and ``probe`` replace the engine connections and the /metrics and /health
-    polls' (tests: in-memory fake engines); by default, the proxy's own HTTP client to each engine's URL."""
+    """``tokenizer``: the served model's (contract/tokenizer.py), whose ids the engines cache; None: text and
+    chat prompts are not matched against the engines' caches. ``engines`` (by engine id) and ``probe``
+    replace the engine connections and the /metrics and /health polls' (tests: in-memory fake engines); by
+    default, the proxy's own HTTP client to each engine's URL."""
 
     def __init__(
         self,
         cfg: ProxyConfig,
+        tokenizer: Tokenizer | None,
         engines: Mapping[str, EngineClient] | None = None,
         probe: ProbeFactory | None = None,
     ) -> None:
@@ -51,7 +55,7 @@ class Proxy:
         self.policy_params: dict[str, Any] = dict(cfg.policy_params)
         # The prefix index is bounded by the engines' KV capacities (PrefixIndex), and keyed in the engines'
         # block size (the cluster file's, else the emulator's) and the router's hashes (prefix.prompt_blocks;
-        # real vLLM's events are translated into them, vllm_blocks.py).
+        # real vLLM's events are translated into them, contract/blocks.py).
         block_tokens = cfg.cluster.block_tokens or BLOCK_TOKENS
         self.prefix = PreciseIndex(cfg.cluster.instance_specs(), block_tokens) if cfg.prefix_index else None
         self.router = build_router(
@@ -99,6 +103,7 @@ class Proxy:
             self._engine_headers,
             self.now,
             cfg.policy,
+            tokenizer,
         )
         event_endpoints = {
             e.id: e.kv_events_endpoint for e in cfg.cluster.engines if e.kv_events_endpoint is not None

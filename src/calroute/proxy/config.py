@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from calroute.cluster.file import ClusterFile
 from calroute.costmodel.calibration import Calibration
-from calroute.engines.cluster import ClusterFile
 from calroute.errors import ConfigError
 from calroute.types import SloClass
 

@@ -22,7 +22,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from calroute.engines import handoff
+from calroute.contract import handoff
+from calroute.contract.tokenizer import Tokenizer
 from calroute.errors import NoCandidateError
 from calroute.proxy.config import SLOW_STEPS_PER_TOKEN, ProxyConfig
 from calroute.proxy.engine_client import EngineAnswer, EngineClient, UpstreamError
@@ -79,8 +80,10 @@ class Generation:
         engine_headers: Mapping[str, str],
         now: Callable[[], float],
         policy_name: str,
+        tokenizer: Tokenizer | None,
     ) -> None:
         self.cfg = cfg
+        self.tokenizer = tokenizer
         self.router = router
         self.signals = signals
         self.metrics = metrics
@@ -114,7 +117,11 @@ class Generation:
         body, flight = boarded
         if self.router.prefix is not None:
             flight.prefix_blocks = prompt_blocks(
-                body, path == "/v1/chat/completions", self.router.prefix.block_tokens, flight.prompt_ids
+                body,
+                path == "/v1/chat/completions",
+                self.tokenizer,
+                self.router.prefix.block_tokens,
+                flight.prompt_ids,
             )
         try:
             return await self._serve(request, body, path, flight)

@@ -13,7 +13,7 @@ used.
 
 The emulator's events name blocks by the router's own hashes. Real vLLM's name them by vLLM's: with
 ``translate_hashes`` each engine's stored blocks are translated from the tokens the events carry
-(proxy/vllm_blocks.py), and what cannot be is counted in ``calroute_kv_events_skipped_blocks_total{engine,
+(contract/blocks.py), and what cannot be is counted in ``calroute_kv_events_skipped_blocks_total{engine,
 reason}`` and logged (a warning on an engine's first skip for a reason).
 
 Every read is bounded: a message part over ``max_message_bytes`` makes libzmq drop the connection (it
@@ -34,8 +34,8 @@ import zmq
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from zmq.utils.monitor import recv_monitor_message
 
-from calroute.proxy.kv_wire import BadMessage, Op, decode_batch
-from calroute.proxy.vllm_blocks import BlockTranslator
+from calroute.contract.blocks import BlockTranslator
+from calroute.contract.kv_events import BadMessage, Op, decode_batch
 from calroute.routing.prefix_index import PrefixIndex
 from calroute.types import InstanceSpec
 

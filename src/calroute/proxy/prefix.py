@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from calroute.engines.api import ApiError, prompt_token_ids
-from calroute.engines.kvcache import BLOCK_TOKENS
+from calroute.contract.blocks import BLOCK_TOKENS
+from calroute.contract.tokenizer import TokenizeError, Tokenizer
 from calroute.routing.block_hash import PromptBlocks
 
 # On a streamed answer: the prompt tokens the prefill engine served from its prefix cache, as it said (the
@@ -32,28 +32,28 @@ def cached_tokens(out: dict[str, Any], kv: Any) -> int:
 def prompt_blocks(
     body: dict[str, Any],
     chat: bool,
+    tokenizer: Tokenizer | None,
     block_tokens: int = BLOCK_TOKENS,
     prompt_ids: npt.NDArray[np.uint64] | None = None,
 ) -> PromptBlocks:
-    """The prompt's full blocks of ``block_tokens`` (the engines' block size), hashed as the emulator hashes
-    them (routing/block_hash.py) from the token ids it would prefill: the ids as given for a token-id
-    prompt, the emulator's tokenizer for text and chat. Real vLLM tokenizes text with its own tokenizer,
-    which the proxy does not load: there only token-id prompts hash as the engine does.
+    """The prompt's full blocks of ``block_tokens`` (the engines' block size), hashed as the engines' blocks
+    are keyed in the index (routing/block_hash.py) from the token ids they would prefill: the ids as given
+    for a token-id prompt, the ``tokenizer``'s for text and chat (none without one, or when it cannot read
+    the body: the engine answers that body's error whatever the routing).
 
     Nothing is hashed here: the router hashes as far as its index can match (a few microseconds per 64
     blocks) and the rest only to record a placement. A token-id prompt is taken as ``prompt_ids``, the
     machine integers the proxy converted it to when it checked it (flight.board), or else as the body holds
-    it: the emulator's own check of every id
-    against its vocabulary cost 0.8 ms for 8k tokens, and an id the engine refuses (negative, out of its
-    vocabulary) gets the engine's 400 whatever the routing; a negative one ends the prompt's blocks. Text
-    costs about 2 ms to tokenize for 8k tokens (its pieces memoised). A body the emulator cannot read has
-    no blocks."""
+    it; a negative id ends the prompt's blocks. The emulator's tokenizer costs about 2 ms for 8k tokens of
+    text (its pieces memoised)."""
     if prompt_ids is not None:
         return PromptBlocks(prompt_ids, block_tokens)
     prompt = body.get("prompt")
     if not chat and isinstance(prompt, list) and prompt and type(prompt[0]) is int:
         return PromptBlocks(prompt, block_tokens)
+    if tokenizer is None:
+        return PromptBlocks([], block_tokens)
     try:
-        return PromptBlocks(prompt_token_ids(body, chat), block_tokens)
-    except ApiError:
+        return PromptBlocks(tokenizer.prompt_ids(body, chat), block_tokens)
+    except TokenizeError:
         return PromptBlocks([], block_tokens)

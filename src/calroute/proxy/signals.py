@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from calroute.engines.cluster import ClusterEngine
+from calroute.cluster.file import ClusterEngine
+from calroute.contract import metrics as names
 from calroute.proxy.config import MAX_PROBE_BYTES
 from calroute.proxy.http.scrape import ScrapeError, Scraper
 from calroute.routing.ledger import Ledger
@@ -39,10 +40,10 @@ class Probe(Protocol):
 ProbeFactory = Callable[[str, Mapping[str, str], float], Probe]
 
 _NAMES = {
-    b"vllm:kv_cache_usage_perc": 0,
-    b"vllm:gpu_cache_usage_perc": 0,  # vLLM < 0.11
-    b"vllm:num_requests_running": 1,
-    b"vllm:num_requests_waiting": 2,
+    names.KV_CACHE_USAGE.encode(): 0,
+    names.GPU_CACHE_USAGE.encode(): 0,
+    names.NUM_REQUESTS_RUNNING.encode(): 1,
+    names.NUM_REQUESTS_WAITING.encode(): 2,
 }
 
 

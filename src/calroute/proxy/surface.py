@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from calroute.engines.cluster import ClusterFile
+from calroute.cluster.file import ClusterFile
 
 
 def models(cluster: ClusterFile) -> dict[str, Any]:

@@ -1,0 +1,1 @@
+"""The cluster file (the engines a proxy routes to) and the launchers of emulated or real vLLM engines."""

@@ -1,1 +1,0 @@
-"""Launchers for real and emulated inference engines, stopped by process group."""
