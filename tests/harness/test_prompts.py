@@ -7,7 +7,8 @@ import json
 import pytest
 
 from calroute.errors import ConfigError
-from calroute.harness.prompts import MAX_TOKEN_ID, MIN_TOKEN_ID, prompt_ids, prompt_json
+from calroute.harness.prompts import prompt_ids, prompt_json
+from calroute.workload.tokens import DEFAULT_VOCAB_SIZE, FIRST_TOKEN_ID
 
 KV_BLOCK_TOKENS = 16
 
@@ -17,7 +18,7 @@ def test_exact_length_and_valid_ids(length: int) -> None:
     for key in (0, 7, 123_456, "r000001"):
         ids = prompt_ids(key, length, seed=3)
         assert len(ids) == length
-        assert all(type(t) is int and MIN_TOKEN_ID <= t < MAX_TOKEN_ID for t in ids)
+        assert all(type(t) is int and FIRST_TOKEN_ID <= t < DEFAULT_VOCAB_SIZE for t in ids)
 
 
 def test_deterministic_and_seeded() -> None:
@@ -32,6 +33,8 @@ def test_fixed_values_do_not_drift() -> None:
     # Pinned: a change here changes every live run's prompts (and so their prefix-cache behaviour).
     assert prompt_ids(0, 8) == [10, 10, 10, 10, 245, 298, 588, 335]
     assert prompt_ids("r1", 6) == [101, 749, 359, 830, 292, 373]
+    assert prompt_ids(123_456, 7, seed=3) == [10, 10, 134, 706, 464, 51, 498]
+    assert prompt_ids("gate:greedy:64", 5) == [527, 842, 844, 806, 759]
 
 
 def test_distinct_first_kv_block_for_every_index() -> None:

@@ -44,6 +44,19 @@ def test_own_tokens_depend_on_request_and_seed() -> None:
     np.testing.assert_array_equal(x, prompt_token_ids(spec("r000001", 64)))
 
 
+def test_fixed_values_do_not_drift() -> None:
+    # Pinned: a change here changes every live run's prompts with reuse (and their prefix-cache behaviour).
+    r = spec("r000001", 2 * BLOCK + 4, (7, 2**64 - 1))
+    for ids, want in (
+        (prompt_token_ids(r), ([702, 605, 419, 798], [514, 80, 643, 386], [344, 455, 613, 896])),
+        (
+            prompt_token_ids(r, 151_643, seed=5),
+            ([50899, 34096, 64115, 128119], [144512, 36119, 78212, 109228], [19286, 73165, 62779, 45855]),
+        ),
+    ):
+        assert (ids[:4].tolist(), ids[BLOCK : BLOCK + 4].tolist(), ids[2 * BLOCK :].tolist()) == want
+
+
 @pytest.mark.parametrize("vocab_size", [DEFAULT_VOCAB_SIZE, 4096, 151_643])
 def test_token_range(vocab_size: int) -> None:
     ids = prompt_token_ids(spec("r", 4 * BLOCK + 300, (0, 1, 2**62, 2**64 - 1)), vocab_size)

@@ -14,6 +14,8 @@ import hashlib
 import re
 from collections.abc import Sequence
 
+from calroute.splitmix import hash64
+
 VOCAB_SIZE = 4096
 BOS_ID = 0
 EOS_ID = 1
@@ -23,7 +25,6 @@ _FIRST_ID = 3
 EOS_EVERY = 512
 
 _PIECE = re.compile(r"\s?[^\s]{1,4}|\s+")
-_MASK64 = (1 << 64) - 1
 _SYLLABLES = tuple(c + v for c in "bcdfghjklmnprstvwz" for v in "aeiou")
 
 
@@ -39,12 +40,6 @@ _VOCAB: tuple[str, ...] = ("<s>", "</s>", "<pad>", *(_piece_text(i) for i in ran
 
 def _hash64(data: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
-
-
-def _mix64(x: int, i: int) -> int:
-    x = (x ^ i) * 0xBF58476D1CE4E5B9 & _MASK64
-    x = (x ^ (x >> 31)) * 0x94D049BB133111EB & _MASK64
-    return x ^ (x >> 29)
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -79,7 +74,7 @@ def prompt_seed(prompt_ids: Sequence[int]) -> int:
 
 def next_token(seed: int, position: int) -> int:
     """The greedy token at output ``position`` of the prompt with ``seed``."""
-    x = _mix64(seed, position)
+    x = hash64(position, state=seed)
     if x % EOS_EVERY == 0:
         return EOS_ID
     return _FIRST_ID + (x >> 16) % (VOCAB_SIZE - _FIRST_ID)
@@ -89,6 +84,6 @@ def text_of_tokens(n_tokens: int, salt: int = 0) -> str:
     """A text that encodes to exactly ``n_tokens`` tokens after the BOS (a prompt of a given length)."""
     words = []
     for i in range(n_tokens):
-        syl = _SYLLABLES[_mix64(salt, i) % len(_SYLLABLES)]
+        syl = _SYLLABLES[hash64(i, state=salt) % len(_SYLLABLES)]
         words.append(" " + syl + syl[0])  # " xyz": a space and three letters, one piece
     return "".join(words)
