@@ -51,9 +51,14 @@ example: $(STAMP)
 	cp out/example/report.md out/example/goodput.png out/example/calibration.json docs/example-demo/
 	cp out/example/live/*.png docs/example-demo/live/
 
+# Every benchmark that finishes within a few minutes (10 - 12 in all); benchmarks/README.md gives each one's
+# time and the long ones' commands (proxy_overhead, soak, tune_speed).
 bench: $(STAMP) compiled
 	$(BIN)/python benchmarks/sim_speed.py
 	$(BIN)/python benchmarks/decision_speed.py
+	$(BIN)/python benchmarks/emulator_capacity.py
+	$(BIN)/python benchmarks/attack.py
+	$(BIN)/python benchmarks/executor_speed.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build out .pytest_cache .mypy_cache .ruff_cache

@@ -63,6 +63,7 @@ from calroute.cluster.procs import (
 from calroute.harness.loadgen import drive
 from calroute.results.records import RequestRecord, read_records
 from calroute.types import RequestSpec, RequestStatus, SloClass
+from calroute.workload.arrivals import poisson_arrivals_within
 
 if __package__ in (None, ""):  # run as a script (python benchmarks/attack.py): the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -122,15 +123,11 @@ class Sampler(threading.Thread):
 
 
 def _schedule(rate: float, duration_s: float, scale: float, seed: int) -> list[RequestSpec]:
-    rng = np.random.default_rng(seed)
-    specs: list[RequestSpec] = []
-    t, i = 0.0, 0
-    while True:
-        t += float(rng.exponential(1.0 / rate))
-        if t >= duration_s:
-            return specs
-        specs.append(RequestSpec(f"r{i}", t * scale, PROMPT_TOKENS, OUTPUT_TOKENS, SloClass.TIGHT))
-        i += 1
+    arrivals_s = poisson_arrivals_within(rate, duration_s, np.random.default_rng(seed))
+    return [
+        RequestSpec(f"r{i}", float(t) * scale, PROMPT_TOKENS, OUTPUT_TOKENS, SloClass.TIGHT)
+        for i, t in enumerate(arrivals_s)
+    ]
 
 
 def _ttft_ms(records: list[RequestRecord]) -> dict[str, float | None]:

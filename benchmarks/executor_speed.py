@@ -25,16 +25,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from calroute.results.provenance import git_commit
+
 if __package__ in (None, ""):  # run as a script (python benchmarks/NAME.py): the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.machine import machine  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def git_commit() -> str | None:
-    out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
-    return out.stdout.strip() or None
 
 
 def run_once(args: argparse.Namespace, config: str, out: Path) -> tuple[float, dict[str, Any]]:
@@ -107,7 +104,7 @@ def main() -> None:
     report = {
         "benchmark": "executor_speed",
         "date": datetime.date.today().isoformat(),
-        "git_commit": git_commit(),
+        "git_commit": git_commit(ROOT),
         "machine": {**machine(), "load_1m_before": load_before},
         "experiment": args.experiment,
         "quick": args.quick,

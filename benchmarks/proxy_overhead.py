@@ -97,11 +97,12 @@ from typing import Any
 
 from calroute.cluster.launch import up_emulated
 from calroute.cluster.procs import run_script
+from calroute.results.provenance import git_commit
 
 if __package__ in (None, ""):  # run as a script (python benchmarks/proxy_overhead.py): its parts' package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.overhead.bench import Bench, ensure_vllm_router, git_head, source_fingerprint
-from benchmarks.overhead.method import MODES, OUTPUT_TOKENS, PROMPT_TOKENS, TTFT_BOUND_X
+from benchmarks.overhead.bench import Bench, ensure_vllm_router, source_fingerprint
+from benchmarks.overhead.method import MODES, OUTPUT_TOKENS, PROMPT_TOKENS, REPO, TTFT_BOUND_X
 from benchmarks.overhead.phases import fixed_rate, ramp, unloaded
 from benchmarks.overhead.report import print_table, targets
 
@@ -128,7 +129,7 @@ def run(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             "calroute_policy": args.calroute_policy,
             "vllm_router": router_note,
             "cpus": os.cpu_count(),
-            "git_head": git_head(),
+            "git_head": git_commit(REPO, short=True),
             "calroute_sources_at_start": source_fingerprint(),
         },
         "modes_measured": modes,

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from calroute.costmodel.profiles import get_profile
-from calroute.experiments.compare import SimSetup, saturate
+from calroute.experiments.kit.sim_backend import SimSetup, saturate
 from calroute.sim.simulator import ClusterShape
 from calroute.workload.source import FamilyWorkload
 

@@ -16,7 +16,7 @@ import argparse
 import random
 
 from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile
-from calroute.experiments.compare import SimSetup, simulate_run
+from calroute.experiments.kit.sim_backend import SimSetup, simulate_run
 from calroute.results.stats import paired_difference
 from calroute.sim.simulator import ClusterShape
 from calroute.types import PREFIX_BLOCK_TOKENS, RequestSpec, SloClass

@@ -39,7 +39,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # contract/: what calroute promises vLLM and reads from it (handoff bodies, KV events, blocks, metric
     # names, the tokenizer interface), below everything that talks to an engine
     ("contract",),
-    ("sim", "cluster"),  # cluster/: the cluster file and the engines' launchers
+    # cluster/: the cluster file and the engines' launchers; tokenizer/: the served model's own tokenizer
+    ("sim", "cluster", "tokenizer"),
     # emulator/: a test double and a demo of a vLLM engine, beside the proxy so that neither imports the other
     ("proxy", "calibrate", "emulator"),
     ("harness",),  # live runs: a proxy in front of engines, the load generator

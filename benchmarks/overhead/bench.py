@@ -24,7 +24,9 @@ from calroute.cluster.procs import (
 
 
 def ensure_vllm_router(log: Path) -> tuple[Path | None, str]:
-    """(path of the vllm-router executable, note); None when it is not installed and cannot be."""
+    """(path of the vllm-router executable, note); None when it is not installed and cannot be. The note goes
+    into the report: it names the venv relative to the repository and the log by its name in the log dir."""
+    venv = BENCH_VENV.relative_to(REPO)
     exe = BENCH_VENV / "bin" / "vllm-router"
     py = BENCH_VENV / "bin" / "python"
 
@@ -39,29 +41,28 @@ def ensure_vllm_router(log: Path) -> tuple[Path | None, str]:
         return r.returncode == 0 and r.stdout.strip() == VLLM_ROUTER_VERSION
 
     if installed():
-        return exe, f"vllm-router {VLLM_ROUTER_VERSION} from {BENCH_VENV}"
+        return exe, f"vllm-router {VLLM_ROUTER_VERSION} from {venv}"
     print(f"installing vllm-router=={VLLM_ROUTER_VERSION} into {BENCH_VENV} ...", file=sys.stderr, flush=True)
-    steps = [
-        [sys.executable, "-m", "venv", "--clear", str(BENCH_VENV)],
-        [str(py), "-m", "pip", "install", "--quiet", f"vllm-router=={VLLM_ROUTER_VERSION}"],
-    ]
+    pip = [str(py), "-m", "pip", "install", "--quiet", f"vllm-router=={VLLM_ROUTER_VERSION}"]
+    steps = {  # what the note says of a step (the venv relative to the repository): its argv
+        f"python -m venv --clear {venv}": [sys.executable, "-m", "venv", "--clear", str(BENCH_VENV)],
+        f"pip install vllm-router=={VLLM_ROUTER_VERSION}": pip,
+    }
     with log.open("ab") as f:
-        for argv in steps:
+        for step, argv in steps.items():
             try:
                 r = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, timeout=600)
             except (OSError, subprocess.TimeoutExpired) as e:
-                return None, f"vllm-router NOT MEASURED, not installed ({' '.join(argv[-3:])}: {e})"
+                return None, f"vllm-router NOT MEASURED, not installed ({step}: {e})"
             if r.returncode != 0:
-                return (
-                    None,
-                    f"vllm-router not installed: `{' '.join(argv)}` exited {r.returncode} (see {log})",
-                )
+                return None, f"vllm-router not installed: `{step}` exited {r.returncode} (see {log.name})"
     if not installed():
         return (
             None,
-            f"vllm-router NOT MEASURED, not installed: {exe} missing or the wrong version after pip install",
+            f"vllm-router NOT MEASURED, not installed: {exe.relative_to(REPO)} missing or the wrong version "
+            "after pip install",
         )
-    return exe, f"vllm-router {VLLM_ROUTER_VERSION} installed into {BENCH_VENV}"
+    return exe, f"vllm-router {VLLM_ROUTER_VERSION} installed into {venv}"
 
 
 @dataclass
@@ -135,11 +136,3 @@ def source_fingerprint() -> str:
         h.update(f.relative_to(REPO).as_posix().encode())
         h.update(f.read_bytes())
     return h.hexdigest()[:16]
-
-
-def git_head() -> str | None:
-    try:
-        r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    except OSError:
-        return None
-    return r.stdout.strip() or None

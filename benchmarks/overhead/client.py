@@ -1,11 +1,19 @@
-"""The load generator's side: request bodies, one request in each mode, open-loop schedules."""
+"""The benchmark's client: request bodies, one request in each mode, open-loop schedules.
+
+Not the package's load generator (``calroute.harness.loadgen.drive``), for three reasons that are the
+measurement itself: ``direct``, the baseline every proxy is paired with, is two requests per request (the
+prefill engine, then the decode engine with its ``kv_transfer_params``), where ``drive`` sends one to one
+URL; the added TTFT is a fraction of a millisecond, below the resolution of ``drive``'s clock (the event
+loop's, whole milliseconds on uvloop) and read here on ``time.perf_counter``; and every mode must meet the
+same client (the same text prompts, the same stream reading), or the pairs would differ by the client too.
+The schedules are the package's (``calroute.workload.arrivals``); what is kept here is the sending.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import math
-import random
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -202,20 +210,3 @@ async def run_sequential(s: aiohttp.ClientSession, target: Target, n: int, salts
         await one_request(s, target, salts.next(), out)
         outs.append(out)
     return outs
-
-
-def poisson(rate: float, duration_s: float, rng: random.Random) -> list[float]:
-    t, out = 0.0, list[float]()
-    while True:
-        t += rng.expovariate(rate)
-        if t >= duration_s:
-            return out
-        out.append(t)
-
-
-def poisson_n(rate: float, n: int, rng: random.Random) -> list[float]:
-    t, out = 0.0, list[float]()
-    for _ in range(n):
-        t += rng.expovariate(rate)
-        out.append(t)
-    return out

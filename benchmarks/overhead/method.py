@@ -39,6 +39,7 @@ LAG_LIMIT_S = 0.020
 # those over LOOP_LATE_S (a bucket bound of that histogram): a stall in the proxy itself, not the machine.
 LOOP_LATE_S = 0.02
 MAX_REDO = 3
+BOOTSTRAP_SAMPLES = 2000  # resamples of every added-TTFT interval
 MODES = ("direct", "calroute", "vllm-router")
 PARTS = ("engines", "proxy", "client", "others")
 T = TypeVar("T")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import random
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,8 +16,6 @@ from benchmarks.overhead.client import (
     Outcome,
     as_columns,
     new_session,
-    poisson,
-    poisson_n,
     proxy_late_timers,
     run_schedule,
     run_sequential,
@@ -26,6 +23,7 @@ from benchmarks.overhead.client import (
 from benchmarks.overhead.cpu import cores_text, cpu_summary
 from benchmarks.overhead.method import (
     ACHIEVED_MIN,
+    BOOTSTRAP_SAMPLES,
     COARSE_FACTOR,
     FINE_FACTOR,
     LAG_LIMIT_S,
@@ -40,8 +38,10 @@ from benchmarks.overhead.method import (
     WARMUP_S,
     T,
 )
-from benchmarks.overhead.stats import added_ttft, bootstrap_diff, errors_of, ok_ttfts, pct
+from benchmarks.overhead.stats import added_ttft, errors_of, ok_ttfts, pct
 from calroute import aio
+from calroute.results.stats import bootstrap_quantile_diff
+from calroute.workload.arrivals import poisson_arrivals, poisson_arrivals_within
 
 
 def rotated(items: list[T], k: int) -> list[T]:
@@ -79,7 +79,7 @@ def unloaded(bench: Bench, modes: list[str], requests: int, rounds: int) -> dict
             brng = np.random.default_rng(0)
             for q in (50, 99):
                 res[mode][f"added_p{q}_ms"] = (pct(t, q) - pct(base, q)) * 1e3
-                lo, hi = bootstrap_diff(t, base, q, brng)
+                lo, hi = bootstrap_quantile_diff(t, base, q, brng, samples=BOOTSTRAP_SAMPLES)
                 res[mode][f"added_p{q}_ci95_ms"] = [lo * 1e3, hi * 1e3]
     return res
 
@@ -156,7 +156,8 @@ def step_arrivals(seed: int, rate: float, duration_s: float, retry: bool) -> lis
     """A ramp step's arrival schedule: the same for every mode at a given rate and try (common random
     numbers). Near saturation, p99 TTFT depends on the arrivals' bursts more than on anything else, so
     with a schedule of its own each mode's last steps were a draw of its own luck."""
-    return poisson(rate, duration_s, random.Random(f"{seed}/{rate:.3f}/{int(retry)}"))
+    rng = np.random.default_rng([seed, round(rate * 1e3), int(retry)])
+    return [float(t) for t in poisson_arrivals_within(rate, duration_s, rng)]
 
 
 def ramp(
@@ -234,9 +235,15 @@ def fixed_rate(
 
     Every mode gets the same arrival schedule in a round (common random numbers), so request i of a
     mode and request i of ``direct`` make a pair; the added-TTFT interval resamples those pairs."""
-    rng = random.Random(seed)
+    rng = np.random.default_rng([seed, 1])  # a stream of its own: the intervals below draw from ``seed``
     per_round = max(1, requests // rounds)
-    schedules = [(poisson(rate, WARMUP_S, rng), poisson_n(rate, per_round, rng)) for _ in range(rounds)]
+    schedules = [
+        (
+            poisson_arrivals_within(rate, WARMUP_S, rng).tolist(),
+            poisson_arrivals(rate, per_round, rng).tolist(),
+        )
+        for _ in range(rounds)
+    ]
     outs: dict[str, list[list[Outcome]]] = {m: [] for m in modes}
     warnings: dict[str, int] = {m: 0 for m in modes}
     cpu: dict[str, dict[str, float]] = {m: {} for m in modes}

@@ -1,4 +1,5 @@
-"""Percentiles, bootstrap intervals and the added TTFT of a mode over ``direct``; the verdict on a target."""
+"""Percentiles and the added TTFT of a mode over ``direct`` (its intervals: calroute.results.stats); the
+verdict on a target."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Any
 import numpy as np
 
 from benchmarks.overhead.client import Outcome
+from benchmarks.overhead.method import BOOTSTRAP_SAMPLES
+from calroute.results.stats import bootstrap_clustered_quantile_diff, bootstrap_quantile_diff
 
 
 def pct(values: list[float] | np.ndarray[Any, Any], q: float) -> float:
@@ -20,48 +23,6 @@ def ok_ttfts(outs: list[Outcome]) -> list[float]:
 
 def errors_of(outs: list[Outcome]) -> list[str]:
     return [o.error for o in outs if o.error is not None]
-
-
-def bootstrap_diff(a: list[float], b: list[float], q: float, rng: np.random.Generator) -> tuple[float, float]:
-    """95 % bootstrap interval of percentile q of ``a`` minus that of ``b`` (independent resamples)."""
-    xa, xb = np.asarray(a), np.asarray(b)
-    reps = 2000
-    da = np.percentile(xa[rng.integers(0, len(xa), (reps, len(xa)))], q, axis=1)
-    db = np.percentile(xb[rng.integers(0, len(xb), (reps, len(xb)))], q, axis=1)
-    lo, hi = np.percentile(da - db, [2.5, 97.5])
-    return float(lo), float(hi)
-
-
-def bootstrap_paired_diff(
-    a: list[float], b: list[float], q: float, rng: np.random.Generator
-) -> tuple[float, float]:
-    """95 % bootstrap interval of percentile q of ``a`` minus that of ``b``, where ``a[i]`` and ``b[i]`` are
-    one pair (the same scheduled arrival in both modes): pairs are resampled whole, so what the arrival
-    pattern does to both (a burst queues both modes' requests alike) does not widen the interval."""
-    xa, xb = np.asarray(a), np.asarray(b)
-    idx = rng.integers(0, len(xa), (2000, len(xa)))
-    d = np.percentile(xa[idx], q, axis=1) - np.percentile(xb[idx], q, axis=1)
-    lo, hi = np.percentile(d, [2.5, 97.5])
-    return float(lo), float(hi)
-
-
-def bootstrap_rounds_diff(
-    rounds: list[tuple[list[float], list[float]]], q: float, rng: np.random.Generator
-) -> tuple[float, float]:
-    """95 % bootstrap interval of percentile q of the pooled ``a`` minus that of the pooled ``b``, resampling
-    whole rounds (each round: its aligned pairs ``a``, ``b``). The machine's state drifts between rounds
-    (other jobs, cache and scheduler state), moving a round's pairs together; resampling pairs treats them
-    as independent and gives an interval narrower than the rounds' spread, so the verdict uses this one."""
-    arrays = [(np.asarray(a), np.asarray(b)) for a, b in rounds if a]
-    if len(arrays) < 2:
-        return (math.nan, math.nan)
-    d = np.empty(2000)
-    for i, pick in enumerate(rng.integers(0, len(arrays), (len(d), len(arrays)))):
-        xa = np.concatenate([arrays[k][0] for k in pick])
-        xb = np.concatenate([arrays[k][1] for k in pick])
-        d[i] = np.percentile(xa, q) - np.percentile(xb, q)
-    lo, hi = np.percentile(d, [2.5, 97.5])
-    return float(lo), float(hi)
 
 
 def paired_ttfts(
@@ -103,13 +64,13 @@ def added_ttft(
     row["pair_correlation"] = float(np.corrcoef(a, b)[0, 1])
     for q in (50, 99):
         row[f"added_p{q}_ms"] = (pct(a, q) - pct(b, q)) * 1e3
-        lo, hi = bootstrap_rounds_diff(by_round, q, rng)
+        lo, hi = bootstrap_clustered_quantile_diff(by_round, q, rng, samples=BOOTSTRAP_SAMPLES)
         row[f"added_p{q}_ci95_ms"] = [lo * 1e3, hi * 1e3]
         # the interval of runs 5 - 8 (pairs resampled as if independent), for comparison with them
-        lo, hi = bootstrap_paired_diff(a, b, q, rng)
+        lo, hi = bootstrap_quantile_diff(a, b, q, rng, paired=True, samples=BOOTSTRAP_SAMPLES)
         row[f"added_p{q}_ci95_pairs_ms"] = [lo * 1e3, hi * 1e3]
         # what the interval would be with the pairing ignored, for comparison with earlier runs
-        lo, hi = bootstrap_diff(a, b, q, rng)
+        lo, hi = bootstrap_quantile_diff(a, b, q, rng, samples=BOOTSTRAP_SAMPLES)
         row[f"added_p{q}_ci95_unpaired_ms"] = [lo * 1e3, hi * 1e3]
         row[f"ratio_p{q}"] = pct(a, q) / pct(b, q)
     return row

@@ -88,6 +88,10 @@ def test_run_compares_policies_live_and_resumes_only_what_is_unchanged(
     for r in summary["runs"]:
         assert r["requests"] == REQUESTS
         assert 0.0 <= r["goodput"] <= 1.0
+        # as `calroute simulate` writes it: each run's records, relative to the summary's folder
+        assert (out / r["records"]).is_file() and not Path(r["records"]).is_absolute()
+    assert str(tmp_path) not in (out / "summary.json").read_text()
+    assert "goodput - marginal_cost, paired, 95 % CI" in (out / "table.md").read_text()
     assert "marginal_cost" in stdout and "round_robin" in stdout  # the table
 
     record_files = sorted(out.rglob("records.jsonl"))

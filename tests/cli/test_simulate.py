@@ -134,6 +134,12 @@ def test_simulate_saturate_and_table(tmp_path: Path) -> None:
         "marginal_cost-seed0.jsonl",
         "round_robin-seed0.jsonl",
     ]
+    # the path each summary names its records by is relative to the summary's folder: no machine's in it
+    assert "\n".join(r["records"] for r in summary["runs"]) == (
+        "records/round_robin-seed0.jsonl\nrecords/marginal_cost-seed0.jsonl"
+    )
+    assert str(tmp_path) not in (tmp_path / "summary.json").read_text()
+    assert summary["backend"] == "sim"
 
 
 def test_record_files_are_byte_identical_across_invocations(tmp_path: Path) -> None:

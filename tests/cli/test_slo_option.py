@@ -16,9 +16,9 @@ from calroute.cli.app import app
 from calroute.costmodel.calibration import SloTargets
 from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile
 from calroute.costmodel.slo import resolve_slo
-from calroute.experiments.backends import SimBackend
-from calroute.experiments.cells import CellResult, Run
-from calroute.experiments.live import LiveBackend
+from calroute.experiments.kit.cells import CellResult, Run
+from calroute.experiments.kit.live_backend import LiveBackend
+from calroute.experiments.kit.sim_backend import SimBackend
 from calroute.results.metrics import summarize
 from tests.cli.test_serve import serve as serve_config
 from tests.conftest import unreachable_cluster
@@ -73,7 +73,7 @@ def _capture_run_experiment(
             raise Reached
         return result
 
-    monkeypatch.setattr("calroute.experiments.runner.run_experiment", run_experiment)
+    monkeypatch.setattr("calroute.experiments.kit.runner.run_experiment", run_experiment)
 
 
 def run(
@@ -101,7 +101,9 @@ def run(
     res = CliRunner().invoke(app, [*argv, *slo])
     if res.exit_code == 0:  # summary.json names the spec and gives the targets, as simulate --json does
         doc = json.loads((tmp_path / "summary.json").read_text())["slo"]
-        assert doc == {"spec": slo[1] if slo else "paper", **seen[0].to_dict()}
+        # a spec file's path is recorded relative to the summary's folder (experiments/kit/paths.py)
+        spec = Path(slo[1]).name if slo and Path(slo[1]).is_absolute() else slo[1] if slo else "paper"
+        assert doc == {"spec": spec, **seen[0].to_dict()}
     return res.exit_code, res.stderr, seen[0] if seen else None
 
 

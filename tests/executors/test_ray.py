@@ -15,9 +15,9 @@ from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile
 from calroute.errors import ConfigError
 from calroute.executors import Executor, make_executor
 from calroute.executors.ray import RayExecutor, parse_address
-from calroute.experiments.backends import SimBackend
-from calroute.experiments.cells import Cell, CellResult, SaturationQuery
-from calroute.experiments.runner import Scale, run_experiment
+from calroute.experiments.kit.cells import Cell, CellResult, SaturationQuery
+from calroute.experiments.kit.runner import Scale, run_experiment
+from calroute.experiments.kit.sim_backend import SimBackend
 from calroute.routing.variant import Variant
 from tests.executors.test_local import _fail_on_three, _square
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from calroute.cli.app import app
 from calroute.experiments import headroom, tuned
-from calroute.experiments.cells import CellResult, Run
+from calroute.experiments.kit.cells import CellResult, Run
 from calroute.results.metrics import RunSummary
 
 

@@ -9,9 +9,9 @@ import pytest
 
 from calroute.costmodel.profiles import get_profile
 from calroute.experiments import EXPERIMENTS
-from calroute.experiments.backends import SimBackend
-from calroute.experiments.report import write_report
-from calroute.experiments.runner import Scale, run_experiment
+from calroute.experiments.kit.report import write_report
+from calroute.experiments.kit.runner import Scale, run_experiment
+from calroute.experiments.kit.sim_backend import SimBackend
 
 
 @pytest.mark.parametrize("name", sorted(EXPERIMENTS))
@@ -57,7 +57,7 @@ def test_a_killed_experiment_resumes_and_the_report_assembles(tmp_path: Path) ->
     assert not any("done earlier" in m for m in messages)
     assert sum("running it again" in m for m in messages) == len(rest) + 1
     run_experiment(EXPERIMENTS["scarcity"], backend, True, tmp_path)
-    report = write_report(tmp_path).read_text()
+    report = write_report(tmp_path, EXPERIMENTS).read_text()
     assert "Decode-pool width" in report and "Extreme scarcity" in report
     assert "calroute experiment width --backend sim --quick" in report
 
@@ -75,13 +75,14 @@ def test_the_command_takes_requests_and_seeds(tmp_path: Path) -> None:
     (cell,) = json.loads((tmp_path / "sim" / "scarcity" / "results.json").read_text())
     assert sorted({r["seed"] for r in cell["runs"]}) == [0, 1]
     assert all(r["summary"]["requests"] == 150 for r in cell["runs"])
-    # the report names the command that made it, with the --out given, even after the results move
+    # the report names the command that made it; an absolute --out is recorded relative to the results
+    # (no machine's path in a manifest), so after the results move it names where they are now
     moved = tmp_path / "copied" / "sim"
     moved.parent.mkdir()
     (tmp_path / "sim").rename(moved)
-    report = write_report(moved).read_text()
+    report = write_report(moved, EXPERIMENTS).read_text()
     assert (
-        f"calroute experiment scarcity --backend sim --quick --requests 150 --seeds 2 --out {tmp_path}`"
+        f"calroute experiment scarcity --backend sim --quick --requests 150 --seeds 2 --out {moved.parent}`"
         in report
     )
 
@@ -126,5 +127,5 @@ def test_results_saved_under_other_slo_targets_are_not_reused(tmp_path: Path) ->
         exp, SimBackend(profile, spec), True, tmp_path, progress=messages.append, scale=scale, slo=spec
     )
     assert sum("done earlier, skipped" in m for m in messages) == 1
-    report = write_report(tmp_path).read_text()
+    report = write_report(tmp_path, EXPERIMENTS).read_text()
     assert "--slo long-context" in report and "ms per prompt token" in report

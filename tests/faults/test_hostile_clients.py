@@ -33,7 +33,7 @@ import pytest
 from calroute.aio import run
 from calroute.cluster import launch
 from calroute.cluster.procs import free_port, start_process_group, stop_process_group, wait_http_ready
-from calroute.proxy.config import MAX_ANSWER_BYTES
+from calroute.proxy.config import MAX_ANSWER_BYTES, ClientLimits
 from calroute.proxy.generate import ENGINES_FAILED
 from calroute.proxy.http import server as server_mod
 from calroute.results.records import RequestRecord, read_records
@@ -46,7 +46,7 @@ HEALTH = b"GET /health HTTP/1.1\r\nHost: calroute\r\n\r\n"
 MIB = 1024 * 1024
 PROC = Path("/proc/self/fd").is_dir()  # the descriptor and memory figures come from /proc (Linux)
 
-# The limits of both targets (ProxyConfig fields and `calroute serve` options alike). The body rate is high
+# The limits of both targets (ClientLimits fields and `calroute serve` options alike). The body rate is high
 # so that a stalled 8 MiB body is let go within about a second, and a slow 2 KB one within body_timeout_s.
 BUFFER_CAP = 16 * MIB
 LIMITS: dict[str, Any] = {
@@ -542,7 +542,7 @@ def test_hostile_clients(name: str, target: str, request: pytest.FixtureRequest,
     else:
 
         async def go() -> dict[str, int]:
-            async with ProxyOnFakes(FakeCluster(1, 1), tmp_path, **LIMITS) as p:
+            async with ProxyOnFakes(FakeCluster(1, 1), tmp_path, client_limits=ClientLimits(**LIMITS)) as p:
                 t = InProcess(p)
                 await t.bad_decode(None, False)  # answers take a while, as emulated ones do
                 tracemalloc.start()

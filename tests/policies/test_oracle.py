@@ -37,11 +37,15 @@ def _run_oracle(
 ) -> tuple[Router, list[tuple[Admission, ClusterView]], list[RequestRecord]]:
     """Simulate ``reqs`` routed by the oracle: its router, every decision's (admission, view), the records."""
     specs = shape.instances(_PROFILE.limits.kv_capacity_tokens)
-    router = build_router(
-        "oracle", {}, _PROFILE.calibration, Ledger(specs, _PROFILE.calibration), seeds=RouterSeeds()
-    )
     views: list[tuple[Admission, ClusterView]] = []
-    router.on_decision = lambda adm, view, d: views.append((adm, view))
+    router = build_router(
+        "oracle",
+        {},
+        _PROFILE.calibration,
+        Ledger(specs, _PROFILE.calibration),
+        seeds=RouterSeeds(),
+        on_decision=lambda d: views.append((d.admission, d.view)),
+    )
     records: list[RequestRecord] = []
     ClusterSim(_PROFILE, shape, router, "oracle").run(reqs, records.append)
     return router, views, records

@@ -10,7 +10,7 @@ import pytest
 
 from calroute.costmodel.calibration import Calibration
 from calroute.policies import make_policy
-from calroute.policies.base import argmin_rotating, mix64
+from calroute.policies.base import argmin_rotating
 from calroute.types import SloClass
 from tests.conftest import make_admission, make_view
 
@@ -28,11 +28,6 @@ from tests.conftest import make_admission, make_view
 )
 def test_argmin_rotating(keys: list[float], start: int, want: int) -> None:
     assert argmin_rotating(tuple(keys), start) == want
-
-
-def test_mix64_is_deterministic_and_spreads() -> None:
-    assert mix64(1, 2, 3) == mix64(1, 2, 3)
-    assert len({mix64(0, s, 1) % 4 for s in range(64)}) == 4
 
 
 def test_round_robin_cycles_each_pool(calibration: Calibration) -> None:

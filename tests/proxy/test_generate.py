@@ -19,6 +19,7 @@ import pytest
 
 from calroute.aio import run
 from calroute.contract.handoff import PREFILL_KV_PARAMS
+from calroute.proxy.config import AnswerLimits
 from calroute.proxy.generate import ENGINE_REFUSED, ENGINES_FAILED, STREAM_BROKE
 from calroute.proxy.http.client import Endpoint
 from calroute.types import RequestStatus
@@ -653,7 +654,7 @@ def test_the_usage_chunk_reaches_the_client_only_when_asked_for(
 # ---- hostile engines: answers over their caps, or unreadable ----------------------------------------------
 
 CAP = 256 * 1024  # the caps these tests run with (an answer, an event), so that going over them is quick
-CAPS: dict[str, Any] = {"max_answer_bytes": CAP, "max_event_bytes": CAP}
+CAPS: dict[str, Any] = {"answer_limits": AnswerLimits(max_answer_bytes=CAP, max_event_bytes=CAP)}
 HUGE = 16 * CAP  # what a hostile engine sends: 4 MiB
 NOT_SSE = b"<html>\n\n<body>502 Bad Gateway</body>\n\n</html>\n"
 HOSTILE = [
@@ -928,8 +929,8 @@ def test_a_hostile_engine_over_a_socket(
         url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
         real = {engine: Endpoint(url, 4.0)}
         try:
-            caps: dict[str, Any] = {"max_answer_bytes": SOCKET_CAP, "max_event_bytes": SOCKET_CAP}
-            async with ProxyOnFakes(fakes, tmp_path, engines=real, **FAST, **caps) as p:
+            caps = AnswerLimits(max_answer_bytes=SOCKET_CAP, max_event_bytes=SOCKET_CAP)
+            async with ProxyOnFakes(fakes, tmp_path, engines=real, answer_limits=caps, **FAST) as p:
 
                 async def one() -> Answer:
                     return await p.post(body(stream=streamed))

@@ -101,7 +101,8 @@ def test_a_shared_prefix_goes_to_the_real_engine_that_holds_it(
         holder = next(e for e in c.prefill if e.id == first)
         hits_before = metric(holder.url, PREFIX_HITS)
         assert request(f"{p.url}/v1/completions", _completion(c, shared + [12] * 40))[0] == 200
-        predicted = p.proxy.router.last_match.get(first, 0)
+        # the hit the router predicted for it (the first request's was 0: nothing was placed yet)
+        predicted = metric(p.url, "calroute_prefix_predicted_cached_tokens_total")
     second = list(read_records(tmp_path / "log.jsonl"))[-1]
     assert second.prefill_id == first  # the engine that holds the prefix
     assert predicted == 256  # the two shared full blocks

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
 
-from calroute.results.stats import paired_difference, t_quantile_975, traces_to_resolve
+from calroute.results.stats import (
+    bootstrap_clustered_quantile_diff,
+    bootstrap_quantile_diff,
+    paired_difference,
+    t_quantile_975,
+    traces_to_resolve,
+)
 
 
 @pytest.mark.parametrize(
@@ -97,3 +106,65 @@ def test_counting_up_and_the_closed_form_agree_where_they_meet() -> None:
     above = traces_to_resolve(1.959964 * sd / 101_000**0.5, sd)  # the closed form
     assert below is not None and above is not None
     assert below - 99_000 == above - 101_000 == 3
+
+
+# ---- differences of percentiles -----------------------------------------------------------------------
+
+
+def offset_clusters(offsets: list[float], n: int, seed: int) -> list[tuple[list[float], list[float]]]:
+    """Clusters of n pairs: ``b`` drawn per cluster (each at its own level), ``a`` the same plus the
+    cluster's offset."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for k, off in enumerate(offsets):
+        b = (0.09 + 0.005 * k + rng.exponential(0.01, n)).tolist()
+        out.append(([x + off for x in b], b))
+    return out
+
+
+def test_pairing_removes_what_a_pair_shares_from_a_percentile_difference() -> None:
+    ((a, b),) = offset_clusters([0.001], 400, seed=1)
+    lo, hi = bootstrap_quantile_diff(a, b, 50, paired=True)
+    assert math.isclose(lo, 0.001, abs_tol=1e-12) and math.isclose(hi, 0.001, abs_tol=1e-12)
+    lo_u, hi_u = bootstrap_quantile_diff(a, b, 50)
+    assert lo_u < 0.001 < hi_u and hi_u - lo_u > 1e-3  # the spread of b, which pairing cancels
+
+
+def test_a_percentile_difference_interval_is_reproducible_and_pairs_must_match() -> None:
+    ((a, b),) = offset_clusters([0.002], 100, seed=2)
+    assert bootstrap_quantile_diff(a, b, 99) == bootstrap_quantile_diff(a, b, 99)
+    # the caller's stream, when given, is what the resamples draw from
+    one = bootstrap_quantile_diff(a, b, 99, np.random.default_rng(7), samples=500)
+    assert one == bootstrap_quantile_diff(a, b, 99, np.random.default_rng(7), samples=500)
+    with pytest.raises(ValueError):
+        bootstrap_quantile_diff(a, b[:-1], 50, paired=True)
+    with pytest.raises(ValueError):
+        bootstrap_quantile_diff([], b, 50)
+
+
+def test_a_constant_offset_is_the_whole_clustered_interval() -> None:
+    clusters = offset_clusters([0.001] * 8, 300, seed=1)
+    for q in (50, 99):
+        lo, hi = bootstrap_clustered_quantile_diff(clusters, q, np.random.default_rng(0))
+        assert math.isclose(lo, 0.001, abs_tol=1e-12) and math.isclose(hi, 0.001, abs_tol=1e-12)
+
+
+def test_drift_between_clusters_widens_the_interval_that_pairs_do_not_see() -> None:
+    offsets = [0.0, 0.002, -0.001, 0.003, 0.0005, -0.002, 0.001, 0.0025]
+    clusters = offset_clusters(offsets, 300, seed=2)
+    a = [x for c in clusters for x in c[0]]
+    b = [x for c in clusters for x in c[1]]
+    estimate = float(np.percentile(a, 50) - np.percentile(b, 50))
+    lo_c, hi_c = bootstrap_clustered_quantile_diff(clusters, 50, np.random.default_rng(0), samples=2000)
+    lo_p, hi_p = bootstrap_quantile_diff(a, b, 50, np.random.default_rng(0), paired=True, samples=2000)
+    assert lo_c <= estimate <= hi_c
+    assert hi_c - lo_c > 3 * (hi_p - lo_p)
+    # the clusters' spread of offsets is 5 ms; the interval of their mean is well inside it
+    assert hi_c - lo_c < 0.005
+
+
+def test_one_cluster_gives_no_interval() -> None:
+    one = offset_clusters([0.001], 100, seed=3)
+    for clusters in (one, [*one, ([], [])]):
+        lo, hi = bootstrap_clustered_quantile_diff(clusters, 50)
+        assert math.isnan(lo) and math.isnan(hi)

@@ -3,6 +3,7 @@ and online recalibration each hear, and when."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
@@ -13,7 +14,7 @@ from calroute.costmodel.online import OnlineCalibrator
 from calroute.routing.block_hash import PromptBlocks, block_hashes
 from calroute.routing.ledger import Ledger
 from calroute.routing.prefix_index import PrefixIndex
-from calroute.routing.router import OnlineRecalibration, Router
+from calroute.routing.router import Decision, OnlineRecalibration, Router
 from calroute.types import Admission, ClusterView, InstanceSpec, Role, RouteDecision, SloClass
 
 SPECS = [
@@ -85,13 +86,13 @@ def in_flight(ledger: Ledger, now_s: float) -> dict[str, int]:
 
 def test_admit_predicts_routes_and_commits(calibration: Calibration) -> None:
     ledger, predictor, policy = Ledger(SPECS, calibration), Predictor(), Policy()
-    heard: list[tuple[Admission, RouteDecision]] = []
-    router = Router(policy, predictor, ledger, on_decision=lambda a, v, d: heard.append((a, d)))
-    adm, decision = router.admit("r", 700, SloClass.TIGHT, 1.0, oracle_output_tokens=42)
+    heard: list[Decision] = []
+    router = Router(policy, predictor, ledger, on_decision=heard.append)
+    d = router.admit("r", 700, SloClass.TIGHT, 1.0, oracle_output_tokens=42)
     assert predictor.asked == [(700, 42)]
-    assert adm == Admission("r", 700, 100, SloClass.TIGHT)
-    assert (decision.prefill_id, decision.decode_id) == ("p1", "d1")
-    assert heard == [(adm, decision)]
+    assert d.admission == Admission("r", 700, 100, SloClass.TIGHT)
+    assert (d.route.prefill_id, d.route.decode_id) == ("p1", "d1")
+    assert heard == [d] and d.view is policy.views[0] and d.match == {}
     assert policy.views[0].now_s == 1.0
     assert in_flight(ledger, 1.0) == {"p0": 0, "p1": 1, "d0": 0, "d1": 1}
     router.prefill_done("r", 1.2, 700)
@@ -110,13 +111,28 @@ def test_decide_commits_nothing_and_admit_places_the_whole_lazy_prompt(calibrati
     index.stored("p1", hashes[:10])
     router = Router(policy, Predictor(), ledger, prefix=index)
     blocks = PromptBlocks(tokens, 16, first_blocks=4)
-    adm, view, decision = router.decide("r", len(tokens), SloClass.TIGHT, 1.0, prefix_blocks=blocks)
-    assert router.last_match == {"p1": 160} and [s.cached_tokens for s in view.prefill] == [0, 160]
+    d = router.decide("r", len(tokens), SloClass.TIGHT, 1.0, prefix_blocks=blocks)
+    assert d.match == {"p1": 160} and [s.cached_tokens for s in d.view.prefill] == [0, 160]
     assert blocks.hashed == 4 + 8  # block 10 is nobody's: the walk stopped in the second stretch
     assert in_flight(ledger, 1.0) == {"p0": 0, "p1": 0, "d0": 0, "d1": 0} and len(index) == 10
-    router.admit("r", len(tokens), SloClass.TIGHT, 1.0, prefix_blocks=blocks)
+    assert router.admit("r", len(tokens), SloClass.TIGHT, 1.0, prefix_blocks=blocks).match == {"p1": 160}
     assert in_flight(ledger, 1.0) == {"p0": 0, "p1": 1, "d0": 0, "d1": 1}
     assert index.match(hashes) == {"p1": 1600, "d1": 1600}  # placed: every block, hashed for it
+
+
+def test_a_true_view_given_with_the_decision_replaces_the_ledgers(calibration: Calibration) -> None:
+    ledger, policy = Ledger(SPECS, calibration), Policy()
+    router = Router(policy, Predictor(), ledger)
+    truth = ledger.view(5.0).replace(now_s=-1.0)
+    asked: list[tuple[float, int, int]] = []
+
+    def true_view(now_s: float, seq: int, blocks: Sequence[int], prompt_tokens: int) -> ClusterView:
+        asked.append((now_s, seq, prompt_tokens))
+        return truth
+
+    d = router.admit("r", 700, SloClass.LOOSE, 2.0, true_view=true_view)
+    assert d.view is truth and policy.views == [truth] and asked == [(2.0, 0, 700)]
+    assert router.admit("s", 700, SloClass.LOOSE, 3.0).view.now_s == 3.0  # the next, on the ledger's
 
 
 def test_a_failed_request_teaches_the_predictor_nothing(calibration: Calibration) -> None:

@@ -16,7 +16,7 @@ from calroute.policies import POLICIES, make_policy
 from calroute.results.records import RecordWriter, RequestRecord
 from calroute.routing.ledger import Ledger
 from calroute.routing.prefix_index import PrefixIndex
-from calroute.routing.router import Router
+from calroute.routing.router import Decision, DecisionHook, Router
 from calroute.sim.simulator import ClusterShape, ClusterSim, SimStats
 from calroute.types import (
     PREFIX_BLOCK_TOKENS,
@@ -24,7 +24,6 @@ from calroute.types import (
     ClusterView,
     RequestSpec,
     RequestStatus,
-    RouteDecision,
     SloClass,
 )
 
@@ -63,7 +62,7 @@ def run(
     policy: str = "marginal_cost",
     shape: ClusterShape | None = None,
     profile: HardwareProfile = PROFILE,
-    hook: object = None,
+    hook: DecisionHook | None = None,
 ) -> tuple[list[RequestRecord], SimStats]:
     shape = shape or ClusterShape(2, 4)
     ledger = Ledger(shape.instances(profile.limits.kv_capacity_tokens), profile.calibration)
@@ -72,7 +71,7 @@ def run(
         make_policy(policy, {}, profile.calibration),
         make_predictor("bucket"),
         ledger,
-        hook,  # type: ignore[arg-type]
+        hook,
         prefix=index,
     )
     records: list[RequestRecord] = []
@@ -149,8 +148,8 @@ def test_too_long_requests_are_rejected_with_a_reason() -> None:
 def test_policies_see_ledger_signals_and_metrics_at_most_one_sample_old() -> None:
     seen: list[tuple[Admission, ClusterView]] = []
 
-    def hook(adm: Admission, view: ClusterView, d: RouteDecision) -> None:
-        seen.append((adm, view))
+    def hook(d: Decision) -> None:
+        seen.append((d.admission, d.view))
 
     records, _ = run(workload(300, 30.0, seed=3), hook=hook)
     assert len(seen) == 300
@@ -168,8 +167,8 @@ def test_the_sample_interval_reaches_every_engine() -> None:
         ledger = Ledger(shape.instances(PROFILE.limits.kv_capacity_tokens), PROFILE.calibration)
         ages: list[float] = []
 
-        def hook(adm: Admission, view: ClusterView, d: RouteDecision, ages: list[float] = ages) -> None:
-            ages.extend(s.metrics_age_s for s in (*view.prefill, *view.decode))
+        def hook(d: Decision, ages: list[float] = ages) -> None:
+            ages.extend(s.metrics_age_s for s in (*d.view.prefill, *d.view.decode))
 
         router = Router(
             make_policy("least_loaded", {}, PROFILE.calibration), make_predictor("bucket"), ledger, hook
@@ -217,16 +216,15 @@ def test_read_horizon_changes_nothing_a_policy_sees() -> None:
     """Engines skip holding metrics no read can see (sampling.ReadHorizon); without the horizon every
     touch holds. Views, decisions and records must be identical either way."""
 
-    def run_with(horizon: bool) -> tuple[list[object], list[RequestRecord]]:
+    def run_with(horizon: bool) -> tuple[list[Decision], list[RequestRecord]]:
         shape = ClusterShape(2, 3)
         ledger = Ledger(shape.instances(PROFILE.limits.kv_capacity_tokens), PROFILE.calibration)
-        seen: list[object] = []
-
-        def hook(adm: Admission, view: ClusterView, decision: RouteDecision) -> None:
-            seen.append((adm, view, decision))
-
+        seen: list[Decision] = []
         router = Router(
-            make_policy("marginal_cost", {}, PROFILE.calibration), make_predictor("bucket"), ledger, hook
+            make_policy("marginal_cost", {}, PROFILE.calibration),
+            make_predictor("bucket"),
+            ledger,
+            seen.append,
         )
         sim = ClusterSim(PROFILE, shape, router, "marginal_cost")
         if not horizon:

@@ -10,7 +10,7 @@ import pytest
 
 from calroute.costmodel.profiles import HardwareProfile
 from calroute.executors.local import LocalExecutor
-from calroute.experiments.saturation import Probe, SaturationResult
+from calroute.experiments.kit.saturation import Probe, SaturationResult
 from calroute.tuning.config import TuneConfig, WorkloadSpec
 from calroute.tuning.jobs import SaturationJob
 from calroute.tuning.study import open_study

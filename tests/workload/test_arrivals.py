@@ -11,7 +11,13 @@ import numpy.typing as npt
 import pytest
 
 from calroute.errors import ConfigError
-from calroute.workload.arrivals import bursty_arrivals, gamma_arrivals, poisson_arrivals
+from calroute.workload import arrivals
+from calroute.workload.arrivals import (
+    bursty_arrivals,
+    gamma_arrivals,
+    poisson_arrivals,
+    poisson_arrivals_within,
+)
 
 Process = Callable[[float, int, np.random.Generator], npt.NDArray[np.float64]]
 
@@ -128,3 +134,29 @@ def test_bad_parameters_name_the_parameter(
     args.update(kwargs)
     with pytest.raises(ConfigError, match=rf"\b{param}\b"):
         call(**args)
+
+
+@pytest.mark.parametrize(("rate_rps", "duration_s"), [(5.0, 60.0), (100.0, 0.5), (0.01, 1.0), (3.0, 0.0)])
+def test_arrivals_within_a_duration_are_the_n_process_cut_there(rate_rps: float, duration_s: float) -> None:
+    """The same gaps as poisson_arrivals from the same seed, every arrival before the end and none after:
+    one schedule whether a caller asks for a count or a length."""
+    within = poisson_arrivals_within(rate_rps, duration_s, np.random.default_rng(4))
+    longer = poisson_arrivals(rate_rps, len(within) + 1, np.random.default_rng(4))
+    assert np.allclose(within, longer[:-1], rtol=0, atol=1e-9)
+    assert longer[-1] >= duration_s and np.all(within < duration_s)
+
+
+def test_arrivals_within_run_past_one_draw(monkeypatch: pytest.MonkeyPatch) -> None:
+    # one draw covers about 1.1x the mean count; a count past it (rare) takes more draws, seamlessly
+    whole = poisson_arrivals_within(50.0, 2.0, np.random.default_rng(3))
+    monkeypatch.setattr(arrivals, "_draw_size", lambda rate_rps, duration_s: 7)
+    drawn_in_sevens = poisson_arrivals_within(50.0, 2.0, np.random.default_rng(3))
+    assert len(whole) > 7 * 3
+    assert np.allclose(drawn_in_sevens, whole, rtol=0, atol=1e-9)
+
+
+def test_arrivals_within_check_the_duration() -> None:
+    with pytest.raises(ConfigError, match="duration_s"):
+        poisson_arrivals_within(1.0, -1.0, np.random.default_rng(0))
+    with pytest.raises(ConfigError, match="rate_rps"):
+        poisson_arrivals_within(0.0, 1.0, np.random.default_rng(0))

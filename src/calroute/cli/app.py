@@ -37,7 +37,7 @@ def demo(
     out_dir: Annotated[Path, typer.Option("--out", help="where the report goes")] = Path("out/demo"),
     seeds: Annotated[int, typer.Option(help="arrival traces, run live and on the simulator")] = 1,
 ) -> None:
-    """The main job: a calibrated 2P+4D emulated cluster, the four policies live through the proxy."""
+    """The main job: an emulated 2P+4D cluster, calibrated; five routers on shared prefixes, live."""
     from calroute.cli.demo import run_demo
 
     with exit_on_error():

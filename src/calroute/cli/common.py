@@ -3,7 +3,7 @@ hardware profile a command falls back to."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -23,7 +23,7 @@ from calroute.costmodel.profiles import (
 )
 from calroute.costmodel.slo import PAPER, PRESETS, SloSpec, parse_slo, with_slo
 from calroute.errors import CalrouteError, ConfigError
-from calroute.experiments.compare import RunResult
+from calroute.experiments.kit.cells import Run
 from calroute.policies.params_file import check_runs_policy, load_params_file, merged_params
 from calroute.results.tables import RunRow, by_policy, reference_policy, versus
 
@@ -97,8 +97,8 @@ def progress_bar() -> Progress:
     )
 
 
-def print_table(results: list[RunResult], title: str) -> None:
-    rows = [RunRow(r.policy, r.seed, r.summary) for r in results]
+def print_table(runs: Sequence[Run], title: str) -> None:
+    rows = [RunRow(r.label, r.seed, r.summary) for r in runs]
     policies = by_policy(rows)
     seeds = sorted({r.seed for r in rows})
     ref = reference_policy(policies)

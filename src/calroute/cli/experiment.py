@@ -20,7 +20,7 @@ from calroute.cli.common import (
 from calroute.errors import ConfigError
 
 if TYPE_CHECKING:
-    from calroute.experiments.base import Experiment
+    from calroute.experiments.kit.cells import Experiment
 
 
 class ExecutorKind(StrEnum):
@@ -76,10 +76,10 @@ def experiment(
 ) -> None:
     """Run one of the paper's experiments (or all) and write its results and report section."""
     from calroute.executors import Executor, make_executor
-    from calroute.experiments import PAPER_EXPERIMENTS, get_experiment
-    from calroute.experiments.backends import Backend, SimBackend
-    from calroute.experiments.report import write_report
-    from calroute.experiments.runner import Scale, run_experiment, scale_for
+    from calroute.experiments import EXPERIMENTS, PAPER_EXPERIMENTS, get_experiment
+    from calroute.experiments.kit.report import write_report
+    from calroute.experiments.kit.runner import Backend, Scale, run_experiment, scale_for
+    from calroute.experiments.kit.sim_backend import SimBackend
 
     with exit_on_error():
         slo_spec = slo_option(slo)
@@ -98,7 +98,7 @@ def experiment(
             # mislead (the runs would not be spread anywhere).
             if executor is not ExecutorKind.local or workers is not None or address is not None:
                 raise ConfigError("--executor, --workers and --address apply to --backend sim only")
-            from calroute.experiments.live import live_backend
+            from calroute.experiments.kit.live_backend import live_backend
 
             be: Backend = live_backend(
                 backend.value,
@@ -141,14 +141,14 @@ def experiment(
                 close()
             if pool is not None:
                 pool.close()
-        report = write_report(out / backend.value)
+        report = write_report(out / backend.value, EXPERIMENTS)
     err.print(f"report: {report}")
 
 
 def with_params_file(experiments: list[Experiment], path: Path, quick: bool) -> list[Experiment]:
     """Each experiment with the file's parameters on its variants of the file's policy; the file must be for
     a policy that at least one of them runs."""
-    from calroute.experiments.with_params import WithParams, experiment_policies
+    from calroute.experiments.kit.params_files import WithParams, experiment_policies
     from calroute.policies.params_file import check_runs_policy, load_params_file
 
     pf = load_params_file(path)
@@ -164,8 +164,9 @@ def report(
     directory: Annotated[Path, typer.Argument(help="a results directory (calroute experiment --out)")],
 ) -> None:
     """Assemble every experiment's results under DIR into one Markdown report with plots."""
-    from calroute.experiments.report import write_report
+    from calroute.experiments import EXPERIMENTS
+    from calroute.experiments.kit.report import write_report
 
     with exit_on_error():
-        path = write_report(directory)
+        path = write_report(directory, EXPERIMENTS)
     err.print(f"wrote {path}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -50,14 +49,12 @@ def run(
     """Gate, calibrate, then for each policy and seed: fresh proxy, reset caches, warm up, drive, collect."""
     from calroute.cluster.file import ClusterFile
     from calroute.costmodel.calibration import Calibration
-    from calroute.experiments.compare import RunResult
-    from calroute.experiments.comparison import Comparison, summary_json
-    from calroute.experiments.live import LiveBackend
-    from calroute.experiments.runner import Scale, run_experiment
+    from calroute.experiments.kit.comparison import Comparison, write_comparison
+    from calroute.experiments.kit.live_backend import LiveBackend
+    from calroute.experiments.kit.runner import Scale, run_experiment
     from calroute.harness.gates import require_gates
     from calroute.harness.live import LiveSetup
     from calroute.policies import check_live_policy, make_policy
-    from calroute.sim.simulator import SimStats
 
     with exit_on_error():
         if (rate is None) == (not saturate_):
@@ -96,13 +93,19 @@ def run(
             extra_manifest={"cluster": str(cluster), "calibration": cal.provenance},
             slo=slo_spec,
         )
-    # as `calroute simulate --json` names them: the spec, and the targets it set on this cluster's calibration
+    # as `calroute simulate` names them: the spec, and the targets it set on this cluster's calibration
     slo_json = {"spec": slo_spec.name, **slo_spec.resolve(cal).to_dict()}
-    (out / "summary.json").write_text(json.dumps({**summary_json(result), "slo": slo_json}, indent=2) + "\n")
-    stats = SimStats(0, 0, 0.0, 0, {})
+    context = {
+        "workload": {"workload": workload, "requests": requests},
+        "cluster": {"prefill": len(c.prefill), "decode": len(c.decode), "kind": c.kind, "file": str(cluster)},
+        "slo": slo_json,
+        "saturation": None if rate is not None else {"reference_policy": "round_robin"},
+    }
+    records_dir = out / comparison.name / "records" / result.cell_key
+    write_comparison(out, result.runs, result.rate_rps, result.backend, records_dir, context)
     print_table(
-        [RunResult(r.label, r.seed, result.rate_rps, r.summary, stats, None) for r in result.runs],
+        result.runs,
         f"{workload}, {len(c.prefill)}P+{len(c.decode)}D live ({c.kind}), {result.rate_rps:.2f} req/s"
         + ("" if slo_spec.is_paper else f", SLO {slo_spec.name}"),
     )
-    err.print(f"wrote {out}/summary.json and per-run records under {out}/comparison/")
+    err.print(f"wrote {out}/summary.json, {out}/table.md and per-run records under {out}/comparison/")

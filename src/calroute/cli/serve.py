@@ -5,8 +5,10 @@ from __future__ import annotations
 import gc
 import logging
 import os
+from collections.abc import Mapping
+from dataclasses import fields
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -22,15 +24,40 @@ from calroute.cli.common import (
 )
 from calroute.cluster.file import ClusterFile
 from calroute.policies import policy_names
-from calroute.proxy.config import MAX_ANSWER_BYTES, MAX_EVENT_BYTES, MAX_PROBE_BYTES
+from calroute.proxy.config import AnswerLimits, ClientLimits, ProxyConfig
 from calroute.types import SloClass
+
+# The options whose name is not their config field's (their flags are older than the fields' units).
+_FIELD_OF = {
+    "poll_interval": "poll_interval_s",
+    "stall_timeout": "stall_timeout_s",
+    "log": "log_path",
+    "decision_log": "decision_log_path",
+}
+# The options that are not config fields: read into one (the cluster file, the calibration, the policy's
+# parameters), or the listener's.
+_NOT_FIELDS = frozenset({"cluster", "calibration", "param", "params_file", "slo", "host", "port"})
+# Every option's default is its field's, written once in the config (the limits': in their dataclasses).
+_DEFAULT: dict[str, Any] = {f.name: f.default for f in fields(ProxyConfig)}
+
+
+def _proxy_config(options: Mapping[str, Any], **read: Any) -> ProxyConfig:
+    """The config of serve's ``options``: each one to its field, in ProxyConfig or in the limits nested in it.
+    ``read``: the fields made from the other options and from the environment."""
+    values = {_FIELD_OF.get(k, k): v for k, v in options.items() if k not in _NOT_FIELDS}
+    nested: dict[str, Any] = {
+        name: cls(**{f.name: values.pop(f.name) for f in fields(cls) if f.name in values})
+        for name, cls in (("answer_limits", AnswerLimits), ("client_limits", ClientLimits))
+    }
+    return ProxyConfig(**values, **nested, **read)  # an option of no field: a TypeError, here
 
 
 def serve(
     cluster: Annotated[Path, typer.Option(help="cluster file (calroute engines up)")],
     policy: Annotated[
-        str, typer.Option(help=f"routing policy: {', '.join(policy_names())}")
-    ] = "marginal_cost",
+        str,
+        typer.Option(help=f"routing policy: {', '.join(policy_names())}"),
+    ] = _DEFAULT["policy"],
     param: Annotated[list[str] | None, typer.Option(help="policy parameter NAME=VALUE (repeatable)")] = None,
     params_file: Annotated[Path | None, typer.Option("--params", help=PARAMS_HELP)] = None,
     calibration: Annotated[
@@ -43,14 +70,17 @@ def serve(
             help="output-length predictor: bucket, constant, or oracle (studies only: each request must "
             "carry its true length in the x-calroute-oracle-output-tokens header)"
         ),
-    ] = "bucket",
+    ] = _DEFAULT["predictor"],
     predictor_noise: Annotated[
         float, typer.Option(min=0.0, help="studies only: relative error injected into every prediction")
-    ] = 0.0,
-    predictor_seed: Annotated[int, typer.Option(help="seed of the injected error")] = 0,
-    default_slo: Annotated[SloClass, typer.Option(help="SLO class of requests without an SLO header")] = (
-        SloClass.LOOSE
-    ),
+    ] = _DEFAULT["predictor_noise"],
+    predictor_seed: Annotated[
+        int,
+        typer.Option(help="seed of the injected error"),
+    ] = _DEFAULT["predictor_seed"],
+    default_slo: Annotated[
+        SloClass, typer.Option(help="SLO class of requests without an SLO header")
+    ] = _DEFAULT["default_slo"],
     slo: Annotated[
         str,
         typer.Option(
@@ -61,17 +91,20 @@ def serve(
     port: Annotated[int, typer.Option(help="port to listen on")] = 8000,
     log: Annotated[Path | None, typer.Option(help="per-request JSONL log")] = None,
     decision_log: Annotated[Path | None, typer.Option(help="JSONL of every decision and its view")] = None,
-    max_attempts: Annotated[int, typer.Option(min=1, help="tries per request across engines")] = 3,
+    max_attempts: Annotated[
+        int,
+        typer.Option(min=1, help="tries per request across engines"),
+    ] = _DEFAULT["max_attempts"],
     online_calibration: Annotated[
         bool, typer.Option(help="refit the router's constants from routed requests as traffic flows")
-    ] = False,
+    ] = _DEFAULT["online_calibration"],
     prefix_index: Annotated[
         bool,
         typer.Option(
             help="match prompts against the engines' prefix caches: their KV events where the cluster file "
             "names a kv_events_endpoint, the router's own placements elsewhere (docs/prefix.md)"
         ),
-    ] = False,
+    ] = _DEFAULT["prefix_index"],
     poll_interval: Annotated[
         float,
         typer.Option(
@@ -79,7 +112,7 @@ def serve(
             help="seconds between /metrics scrapes of each engine; real vLLM sharing CPU cores stalls "
             "when scraped this often (docs/proxy.md)",
         ),
-    ] = 0.05,
+    ] = _DEFAULT["poll_interval_s"],
     stall_timeout: Annotated[
         float,
         typer.Option(
@@ -87,7 +120,7 @@ def serve(
             help="seconds of silence from a decode engine before its request counts as stalled: the engine "
             "goes out of routing and the request is retried on another one (docs/faults.md)",
         ),
-    ] = 60.0,
+    ] = _DEFAULT["stall_timeout_s"],
     # ---- engine answers: what an engine may make the proxy hold (docs/proxy.md) ----
     max_answer_bytes: Annotated[
         int,
@@ -96,59 +129,59 @@ def serve(
             help="largest prefill answer, non-streamed completion or engine error the proxy reads (16 MiB); "
             "a larger one is an engine failure, retried elsewhere",
         ),
-    ] = MAX_ANSWER_BYTES,
+    ] = AnswerLimits().max_answer_bytes,
     max_event_bytes: Annotated[
         int,
         typer.Option(
             min=1024, help="largest SSE event of a decode stream (1 MiB); a longer one ends the stream"
         ),
-    ] = MAX_EVENT_BYTES,
+    ] = AnswerLimits().max_event_bytes,
     max_probe_bytes: Annotated[
         int,
         typer.Option(
             min=1024, help="largest /metrics or /health answer (4 MiB); a larger one fails the poll"
         ),
-    ] = MAX_PROBE_BYTES,
+    ] = AnswerLimits().max_probe_bytes,
     # ---- client limits (docs/proxy.md, "Client limits") ----
     head_timeout_s: Annotated[
         float,
         typer.Option(min=0.001, help="seconds from a request's first byte to the end of its head (408)"),
-    ] = 10.0,
+    ] = ClientLimits().head_timeout_s,
     body_timeout_s: Annotated[
         float,
         typer.Option(
             min=0.001,
             help="seconds a request body may take, at least (408); longer at --body-min-rate-bytes-s",
         ),
-    ] = 10.0,
+    ] = ClientLimits().body_timeout_s,
     body_min_rate_bytes_s: Annotated[
         float,
         typer.Option(min=1.0, help="a body gets max(--body-timeout-s, its bytes / this rate) to arrive"),
-    ] = 64 * 1024,
+    ] = ClientLimits().body_min_rate_bytes_s,
     keepalive_timeout_s: Annotated[
         float, typer.Option(min=0.001, help="seconds an idle client connection stays open")
-    ] = 75.0,
+    ] = ClientLimits().keepalive_timeout_s,
     max_client_connections: Annotated[
         int, typer.Option(min=1, help="client connections open at once; past it a new one gets 503")
-    ] = 1024,
-    max_body_bytes: Annotated[int, typer.Option(min=1, help="bytes of one request's body (413)")] = 8
-    * 1024
-    * 1024,
+    ] = ClientLimits().max_client_connections,
+    max_body_bytes: Annotated[
+        int, typer.Option(min=1, help="bytes of one request's body (413)")
+    ] = ClientLimits().max_body_bytes,
     max_buffered_body_bytes: Annotated[
         int,
         typer.Option(
             min=1, help="bytes of request bodies being read, all connections together (503 past it)"
         ),
-    ] = 64 * 1024 * 1024,
+    ] = ClientLimits().max_buffered_body_bytes,
 ) -> None:
     """Route OpenAI-compatible requests to a vLLM prefill/decode cluster with the chosen policy.
 
     Admin endpoints (/state, /admin/policy) need CALROUTE_ADMIN_TOKEN set; engines' API key, if they want
     one, comes from CALROUTE_ENGINE_API_KEY.
     """
+    options = dict(locals())  # before any other local: the config is made of the options, by name
     from calroute.emulator.api import EmulatorTokenizer
     from calroute.proxy.app import Proxy
-    from calroute.proxy.config import ProxyConfig
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with exit_on_error():
@@ -163,40 +196,17 @@ def serve(
             err.print(
                 "[yellow]warning:[/] no --calibration: pricing with the a40-qwen2.5-3b profile's constants"
             )
-        proxy = Proxy(
-            # The emulator's tokenizer for every cluster, as before the tokenizer interface: the served
-            # model's own is the next step (docs/status.md).
-            tokenizer=EmulatorTokenizer(),
-            cfg=ProxyConfig(
-                cluster=c,
-                calibration=cal,
-                policy=policy,
-                policy_params=params,
-                predictor=predictor,
-                predictor_noise=predictor_noise,
-                predictor_seed=predictor_seed,
-                default_slo=default_slo,
-                log_path=log,
-                decision_log_path=decision_log,
-                max_attempts=max_attempts,
-                online_calibration=online_calibration,
-                prefix_index=prefix_index,
-                poll_interval_s=poll_interval,
-                stall_timeout_s=stall_timeout,
-                max_answer_bytes=max_answer_bytes,
-                max_event_bytes=max_event_bytes,
-                max_probe_bytes=max_probe_bytes,
-                head_timeout_s=head_timeout_s,
-                body_timeout_s=body_timeout_s,
-                body_min_rate_bytes_s=body_min_rate_bytes_s,
-                keepalive_timeout_s=keepalive_timeout_s,
-                max_client_connections=max_client_connections,
-                max_body_bytes=max_body_bytes,
-                max_buffered_body_bytes=max_buffered_body_bytes,
-                admin_token=os.environ.get("CALROUTE_ADMIN_TOKEN") or None,
-                engine_api_key=os.environ.get("CALROUTE_ENGINE_API_KEY") or None,
-            ),
+        cfg = _proxy_config(
+            options,
+            cluster=c,
+            calibration=cal,
+            policy_params=params,
+            admin_token=os.environ.get("CALROUTE_ADMIN_TOKEN") or None,
+            engine_api_key=os.environ.get("CALROUTE_ENGINE_API_KEY") or None,
         )
+        # The emulator's tokenizer for every cluster, as before the tokenizer interface: the served model's
+        # own is the next step (docs/status.md).
+        proxy = Proxy(tokenizer=EmulatorTokenizer(), cfg=cfg)
     from calroute.aio import run_until_signalled
 
     # A full garbage collection walks every object the process holds: 15 - 18 ms once the proxy's libraries

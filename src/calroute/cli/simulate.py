@@ -26,10 +26,11 @@ from calroute.costmodel.calibration import Calibration
 from calroute.costmodel.predictors import PREDICTOR_NAMES
 from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile, profile_names
 from calroute.errors import ConfigError
-from calroute.experiments.compare import RunResult, SimSetup, compare, saturate
-from calroute.experiments.saturation import Probe
+from calroute.experiments.kit.cells import Run
+from calroute.experiments.kit.comparison import comparison_summary, write_comparison
+from calroute.experiments.kit.saturation import Probe
+from calroute.experiments.kit.sim_backend import SimSetup, compare, saturate
 from calroute.policies import ALL_POLICIES, expand_policy_list, policy_names
-from calroute.results.tables import RunRow, markdown_table
 from calroute.sim.simulator import ClusterShape
 from calroute.workload.source import WORKLOADS, FamilyWorkload, TraceWorkload, WorkloadSource
 
@@ -47,9 +48,10 @@ def run_simulation(
     out_dir: Path | None,
     saturate_on: str = "round_robin",
     slo_spec: str = SLO_DEFAULT,
-) -> tuple[list[RunResult], dict[str, Any]]:
-    """The body of `calroute simulate` (and of the demo): the runs, and the JSON summary object. The setup's
-    profile already judges by the SLO spec; ``slo_spec`` names it in the summary."""
+) -> tuple[list[Run], dict[str, Any]]:
+    """The body of `calroute simulate`: the runs, and the summary object, written with table.md and the
+    records under ``out_dir`` as `calroute run` writes them (kit/comparison.py). The setup's profile already
+    judges by the SLO spec; ``slo_spec`` names it in the summary."""
     saturation: dict[str, Any] | None = None
     if saturate_target is not None:
         with progress_bar() as progress:
@@ -79,29 +81,13 @@ def run_simulation(
     with progress_bar() as progress:
         task = progress.add_task("simulating", total=len(policies) * len(seeds))
 
-        def on_run(r: RunResult) -> None:
+        def on_run(r: Run) -> None:
             progress.advance(task)
-            progress.update(task, description=f"{r.policy} seed {r.seed}: goodput {r.summary.goodput:.3f}")
+            progress.update(task, description=f"{r.label} seed {r.seed}: goodput {r.summary.goodput:.3f}")
 
-        results = compare(setup, workload, policies, seeds, rate_rps, out_dir, on_run)
-    result = {
-        "rate_rps": rate_rps,
-        "runs": [
-            {
-                "policy": r.policy,
-                "seed": r.seed,
-                "requests": r.summary.requests,
-                "goodput": r.summary.goodput,
-                "ttft_p50_s": r.summary.ttft_p50_s,
-                "ttft_p99_s": r.summary.ttft_p99_s,
-                "tpot_p50_s": r.summary.tpot_p50_s,
-                "tpot_p99_s": r.summary.tpot_p99_s,
-                "status_counts": r.summary.status_counts,
-                "prefix_hit_ratio": r.summary.prefix_hit_ratio,
-                "records": None if r.records_path is None else str(r.records_path),
-            }
-            for r in results
-        ],
+        records_dir = None if out_dir is None else out_dir / "records"
+        runs = compare(setup, workload, policies, seeds, rate_rps, records_dir, on_run)
+    context = {
         "workload": workload.describe(),
         "cluster": {"prefill": setup.shape.prefill, "decode": setup.shape.decode},
         "profile": setup.profile.name,
@@ -114,12 +100,9 @@ def run_simulation(
         "slo": {"spec": slo_spec, **setup.profile.calibration.slo.to_dict()},
         "saturation": saturation,
     }
-    if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
-        rows = [RunRow(r.policy, r.seed, r.summary) for r in results]
-        (out_dir / "table.md").write_text(markdown_table(rows))
-    return results, result
+    if out_dir is None:
+        return runs, comparison_summary(runs, rate_rps, "sim", None, None, context)
+    return runs, write_comparison(out_dir, runs, rate_rps, "sim", records_dir, context)
 
 
 def simulate(
@@ -227,7 +210,7 @@ def simulate(
             if workload is not None
             else TraceWorkload(trace, requests, tight_fraction)  # type: ignore[arg-type]
         )
-        results, result = run_simulation(
+        runs, result = run_simulation(
             setup,
             source,
             policy_list,
@@ -243,7 +226,7 @@ def simulate(
         return
     rate_s = "native" if result["rate_rps"] is None else f"{result['rate_rps']:.2f} req/s"
     slo_s = "" if slo_spec.is_paper else f", SLO {slo_spec.name}"
-    print_table(results, f"{source.name}, {prefill}P+{decode}D, {rate_s}, {hw.name}{slo_s}")
+    print_table(runs, f"{source.name}, {prefill}P+{decode}D, {rate_s}, {hw.name}{slo_s}")
     if out_dir is not None:
         err.print(f"wrote {out_dir}/summary.json, {out_dir}/table.md and {out_dir}/records/")
 

@@ -1,5 +1,5 @@
 """vLLM's blocks: the block size, a prompt's chained block hashes as calroute computes them, and real vLLM's
-KV-event block hashes translated into them (docs/prefix.md, "Real vLLM").
+KV-event block hashes translated into them (docs/prefix.md, "The real-vLLM tier").
 
 vLLM names a cached block by its own chained hash (sha256 over cbor or pickle, or xxhash, of the parent's
 hash, the block's tokens and extra keys, seeded by a NONE_HASH that may be random per process): the proxy

@@ -47,7 +47,7 @@ class Faults:
             )
 
 
-# The bad_answer fault's kinds. Sizes: well over the proxy's caps (ProxyConfig.max_answer_bytes, 16 MiB, for
+# The bad_answer fault's kinds. Sizes: well over the proxy's caps (AnswerLimits.max_answer_bytes, 16 MiB, for
 # a whole answer; max_event_bytes, 1 MiB, for one SSE event), written a piece at a time.
 BAD_ANSWERS = ("oversized", "malformed", "not_json")
 OVERSIZED_BODY_BYTES = 32 * 1024 * 1024  # a non-stream answer's JSON body

@@ -1,16 +1,17 @@
-"""The paper's experiments, one module each, in one registry."""
+"""The catalogue: the paper's experiments (and the studies beside them), one module each, in one registry.
+What they run on (cells, the runner, the backends, the report) is kit/."""
 
 from __future__ import annotations
 
 from calroute.errors import ConfigError
 from calroute.experiments.ablation import Ablation
-from calroute.experiments.base import Experiment
 from calroute.experiments.calibration import CalibrationValue
 from calroute.experiments.failure_regions import FailureRegions
 from calroute.experiments.fidelity import Fidelity
 from calroute.experiments.frontier import Frontier
 from calroute.experiments.headroom import Headroom
 from calroute.experiments.heterogeneity import Heterogeneity
+from calroute.experiments.kit.cells import Experiment
 from calroute.experiments.mixed_bursty import MixedBursty
 from calroute.experiments.noise import Noise
 from calroute.experiments.prefix import PrefixReuse

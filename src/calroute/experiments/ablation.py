@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from calroute.experiments.base import bars_by_cell, goodput_table, paired_gap
-from calroute.experiments.cells import Cell, CellResult
+from calroute.experiments.kit.cells import Cell, CellResult
+from calroute.experiments.kit.report import bars_by_cell, goodput_table, paired_gap
 from calroute.routing.variant import Variant
 
 VARIANTS = (

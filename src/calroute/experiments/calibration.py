@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from calroute.experiments.base import bars_by_cell, goodput_table
-from calroute.experiments.cells import Cell, CellResult
+from calroute.experiments.kit.cells import Cell, CellResult
+from calroute.experiments.kit.report import bars_by_cell, goodput_table
 from calroute.routing.variant import Variant
 
 PAPER = {("2P4D", "calibrated"): 0.864, ("2P4D", "mismatched"): 0.819}

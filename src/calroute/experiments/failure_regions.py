@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from calroute.experiments.base import bars_by_cell, fmt, goodput_table, paired_gap
-from calroute.experiments.cells import Cell, CellResult, baselines_and_product
+from calroute.experiments.kit.cells import Cell, CellResult, baselines_and_product
+from calroute.experiments.kit.report import bars_by_cell, fmt, goodput_table, paired_gap
 from calroute.routing.variant import Variant
 
 PAPER_POLICY = Variant("marginal_cost-paper", "marginal_cost", {"w_b_dec": 1.0, "w_cobatch": 0.0})

@@ -13,8 +13,8 @@ from pathlib import Path
 from calroute.costmodel.calibration import Calibration
 from calroute.costmodel.profiles import profile_from_calibration
 from calroute.costmodel.slo import SloSpec
-from calroute.experiments.base import fmt, goodput_table
-from calroute.experiments.cells import Cell, CellResult, baselines_and_product
+from calroute.experiments.kit.cells import Cell, CellResult, baselines_and_product
+from calroute.experiments.kit.report import fmt, goodput_table
 from calroute.report import plots
 
 SIM_REQUESTS = 4000
@@ -34,7 +34,7 @@ class Fidelity:
         cal_path = exp_dir.parent / "_clusters" / "2P4D" / "calibration.json"
         if live.backend == "sim" or not cal_path.exists():
             return None
-        from calroute.experiments.backends import SimBackend
+        from calroute.experiments.kit.sim_backend import SimBackend
 
         manifest = json.loads((exp_dir / "manifest.json").read_text())
         # judged as the live half was: by the experiment's SLO spec on the same calibration

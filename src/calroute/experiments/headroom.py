@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from calroute.experiments.base import bars_by_cell, fmt, goodput_table, paired_gap
-from calroute.experiments.cells import Cell, CellResult
-from calroute.experiments.tuned_params import TUNING_DIR, Tuned, trained_on, tuned_variant
+from calroute.experiments.kit.cells import Cell, CellResult
+from calroute.experiments.kit.params_files import TUNING_DIR, Tuned, trained_on, tuned_variant
+from calroute.experiments.kit.report import bars_by_cell, fmt, goodput_table, paired_gap
 from calroute.routing.variant import Variant
 
 PAPER_FAMILIES = ("chat", "document", "reasoning", "mixed-bursty")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from calroute.experiments.base import bars_by_cell, goodput_table
-from calroute.experiments.cells import Cell, CellResult, baselines_and_product
+from calroute.experiments.kit.cells import Cell, CellResult, baselines_and_product
+from calroute.experiments.kit.report import bars_by_cell, goodput_table
 
 PAPER = {
     ("chat", "marginal_cost"): 0.760,

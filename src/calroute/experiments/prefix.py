@@ -14,8 +14,9 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from calroute.experiments.base import fmt, goodput_table
-from calroute.experiments.cells import Cell, CellResult
+from calroute.experiments.kit.cells import Cell, CellResult
+from calroute.experiments.kit.paths import portable_workload
+from calroute.experiments.kit.report import fmt, goodput_table
 from calroute.report import plots
 from calroute.results.stats import paired_difference
 from calroute.routing.variant import Variant
@@ -24,9 +25,8 @@ from calroute.workload.source import workload_source
 
 PEERS = ("prefix_scorer_mix", "kv_overlap_cost", "cache_aware")
 TRACE_WINDOWS = 10
-MOONCAKE = str(
-    Path(__file__).resolve().parents[3] / "data" / "traces" / "mooncake_fast25" / "synthetic_trace.jsonl"
-)
+# relative to the repository (kit/paths.py finds it), as the results record it
+MOONCAKE = "data/traces/mooncake_fast25/synthetic_trace.jsonl"
 WORKLOADS = (
     ("mooncake", MOONCAKE),
     ("shared-prefix", "shared-prefix"),
@@ -102,7 +102,8 @@ def _hit_ratios(c: CellResult, exp_dir: Path) -> str:
         points[label] = (hit, good)
         rows.append(f"| {label} | {fmt(hit)} | {fmt(good)} |")
     requests = c.runs[0].summary.requests
-    windows = TRACE_WINDOWS if c.tags["source"] == MOONCAKE else 1
+    # results saved before the trace was named relative to the repository name it by its absolute path
+    windows = TRACE_WINDOWS if c.tags["source"].endswith(MOONCAKE) else 1
     bound_ratio = statistics.fmean(
         unbounded_bound(c.tags["source"], requests, c.rate_rps, s, windows) for s in c.seeds()
     )
@@ -136,5 +137,5 @@ def _rates(rates: dict[str, float]) -> str:
 
 def unbounded_bound(workload: str, requests: int, rate_rps: float, seed: int = 0, windows: int = 1) -> float:
     """The hit ratio one engine with an unbounded cache would reach on this workload."""
-    source = workload_source(workload, requests, trace_windows=windows)
+    source = workload_source(portable_workload(workload), requests, trace_windows=windows)
     return unbounded_hit_ratio(source.requests(rate_rps, seed))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from calroute.experiments.base import goodput_table
-from calroute.experiments.cells import Cell, CellResult, baselines_and_product
+from calroute.experiments.kit.cells import Cell, CellResult, baselines_and_product
+from calroute.experiments.kit.report import goodput_table
 from calroute.report import plots
 
 PAPER = {

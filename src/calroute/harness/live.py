@@ -82,7 +82,7 @@ def _proxy_argv(
         "--predictor-noise",
         repr(variant.predictor_noise),
         "--predictor-seed",
-        str(RouterSeeds.of_run(seed).predictor),  # the simulator's (experiments/compare.py)
+        str(RouterSeeds.of_run(seed).predictor),  # the simulator's (experiments/kit/sim_backend.py)
     ]
     for key, value in variant.params.items():
         argv += ["--param", f"{key}={value}"]

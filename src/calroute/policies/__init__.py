@@ -1,8 +1,12 @@
-"""The policy registry: one table, one constructor. An unknown name or parameter is a ConfigError."""
+"""The policy registry: one table, one constructor. An unknown name or parameter is a ConfigError.
+
+A policy's name is written once, as its class's ``name``: the registry's keys, the name its parameters are
+checked under and its records' label all come from there."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from calroute.costmodel.calibration import Calibration
@@ -22,58 +26,61 @@ from calroute.policies import (
 )
 from calroute.policies.base import RoutingPolicy, parse_params
 
-_Factory = Callable[[Mapping[str, Any], Calibration], RoutingPolicy]
 
-POLICIES: dict[str, _Factory] = {
-    "round_robin": lambda raw, cal: round_robin.RoundRobin(
-        parse_params("round_robin", round_robin.Params, raw)
-    ),
-    "least_loaded": lambda raw, cal: least_loaded.LeastLoaded(
-        parse_params("least_loaded", least_loaded.Params, raw)
-    ),
-    "length_heuristic": lambda raw, cal: length_heuristic.LengthHeuristic(
-        parse_params("length_heuristic", length_heuristic.Params, raw)
-    ),
-    "random": lambda raw, cal: random_pick.RandomPick(parse_params("random", random_pick.Params, raw)),
-    "power_of_two": lambda raw, cal: power_of_two.PowerOfTwo(
-        parse_params("power_of_two", power_of_two.Params, raw)
-    ),
-    "queue_kv": lambda raw, cal: queue_kv.QueueKv(parse_params("queue_kv", queue_kv.Params, raw)),
-    "marginal_cost": lambda raw, cal: marginal_cost.MarginalCost(
-        parse_params("marginal_cost", marginal_cost.Params, raw), cal
-    ),
-    # prefix-aware peers (docs/prefix.md)
-    "prefix_scorer_mix": lambda raw, cal: prefix_scorer_mix.PrefixScorerMix(
-        parse_params("prefix_scorer_mix", prefix_scorer_mix.Params, raw)
-    ),
-    "kv_overlap_cost": lambda raw, cal: kv_overlap_cost.KvOverlapCost(
-        parse_params("kv_overlap_cost", kv_overlap_cost.Params, raw)
-    ),
-    "cache_aware": lambda raw, cal: cache_aware.CacheAware(
-        parse_params("cache_aware", cache_aware.Params, raw)
-    ),
-    # the headroom bound: marginal_cost on the truth (simulator only)
-    "oracle": lambda raw, cal: oracle.Oracle(parse_params("oracle", marginal_cost.Params, raw), cal),
+@dataclass(frozen=True)
+class Registered:
+    """A policy as the registry knows it: its class (whose ``name`` is the policy's one name), its Params
+    dataclass (what a params file, a tuner's search space and --param are checked against), whether it is
+    built with the router's calibration (it prices in seconds), and whether a run's router seeds it (its
+    "seed" parameter, unless given, comes from RouterSeeds.policy: routing/build.py)."""
+
+    cls: type[Any]
+    params: type[Any]
+    priced: bool = False
+    seeded: bool = False
+
+    @property
+    def name(self) -> str:
+        name: str = self.cls.name
+        return name
+
+
+# In the order ``all`` runs them.
+POLICIES: dict[str, Registered] = {
+    r.name: r
+    for r in (
+        Registered(round_robin.RoundRobin, round_robin.Params),
+        Registered(least_loaded.LeastLoaded, least_loaded.Params),
+        Registered(length_heuristic.LengthHeuristic, length_heuristic.Params),
+        Registered(random_pick.RandomPick, random_pick.Params, seeded=True),
+        Registered(power_of_two.PowerOfTwo, power_of_two.Params, seeded=True),
+        Registered(queue_kv.QueueKv, queue_kv.Params),
+        Registered(marginal_cost.MarginalCost, marginal_cost.Params, priced=True),
+        # prefix-aware peers (docs/prefix.md)
+        Registered(prefix_scorer_mix.PrefixScorerMix, prefix_scorer_mix.Params),
+        Registered(kv_overlap_cost.KvOverlapCost, kv_overlap_cost.Params),
+        Registered(cache_aware.CacheAware, cache_aware.Params),
+        # the headroom bound: marginal_cost on the truth (simulator only)
+        Registered(oracle.Oracle, marginal_cost.Params, priced=True),
+    )
 }
 
-# Each policy's Params dataclass: what a params file, a tuner's search space and --param are checked against.
-PARAMS: dict[str, type[Any]] = {
-    "round_robin": round_robin.Params,
-    "least_loaded": least_loaded.Params,
-    "length_heuristic": length_heuristic.Params,
-    "random": random_pick.Params,
-    "power_of_two": power_of_two.Params,
-    "queue_kv": queue_kv.Params,
-    "marginal_cost": marginal_cost.Params,
-    "prefix_scorer_mix": prefix_scorer_mix.Params,
-    "kv_overlap_cost": kv_overlap_cost.Params,
-    "cache_aware": cache_aware.Params,
-    "oracle": marginal_cost.Params,
-}
+# Each policy's Params dataclass, by name.
+PARAMS: dict[str, type[Any]] = {name: r.params for name, r in POLICIES.items()}
 
-# Policies that only the simulator can run (e.g. one that reads what a live router cannot know): left out
-# of ``all``, and run only when named.
-SIM_ONLY_POLICIES: frozenset[str] = frozenset({"oracle"})
+# Policies that only the simulator can run (one that reads what a live router cannot know, the truth):
+# left out of ``all``, and run only when named.
+SIM_ONLY_POLICIES: frozenset[str] = frozenset(
+    name for name, r in POLICIES.items() if getattr(r.cls, "needs_true_state", False)
+)
+
+
+def registered(name: str) -> Registered:
+    """The registered policy ``name``; an unknown name is a ConfigError naming the known ones."""
+    r = POLICIES.get(name)
+    if r is None:
+        raise ConfigError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
+    return r
 
 
 def check_live_policy(name: str) -> None:
@@ -112,17 +119,15 @@ def policy_names() -> list[str]:
 
 def params_class(name: str) -> type[Any]:
     """The policy's Params dataclass; an unknown name is a ConfigError."""
-    cls = PARAMS.get(name)
-    if cls is None:
-        raise ConfigError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
-    return cls
+    return registered(name).params
 
 
 def make_policy(name: str, params: Mapping[str, Any], calibration: Calibration) -> RoutingPolicy:
-    factory = POLICIES.get(name)
-    if factory is None:
-        raise ConfigError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
-    return factory(params, calibration)
+    """Policy ``name`` with ``params`` (raw values, checked: a bad one is a ConfigError naming it)."""
+    r = registered(name)
+    parsed = parse_params(name, r.params, params)
+    policy: RoutingPolicy = r.cls(parsed, calibration) if r.priced else r.cls(parsed)
+    return policy
 
 
 __all__ = [
@@ -130,10 +135,12 @@ __all__ = [
     "PARAMS",
     "POLICIES",
     "SIM_ONLY_POLICIES",
+    "Registered",
     "check_live_policy",
     "RoutingPolicy",
     "expand_policy_list",
     "make_policy",
     "params_class",
     "policy_names",
+    "registered",
 ]

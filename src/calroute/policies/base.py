@@ -11,12 +11,10 @@ from __future__ import annotations
 import dataclasses
 import types
 from collections.abc import Mapping
-from typing import Any, ClassVar, Final, Protocol, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, Protocol, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from calroute.errors import ConfigError, NoCandidateError
 from calroute.types import Admission, ClusterView, InstanceState, RouteDecision
-
-_MASK64: Final = (1 << 64) - 1
 
 
 class RoutingPolicy(Protocol):
@@ -39,16 +37,6 @@ def healthy(pool: tuple[InstanceState, ...], role: str) -> list[InstanceState]:
     if not out:
         raise NoCandidateError(f"no healthy {role} instance to route to")
     return out
-
-
-def mix64(*values: int) -> int:
-    """A splitmix64-style hash: a deterministic, stateless source of randomness for a decision."""
-    x = 0x9E3779B97F4A7C15
-    for v in values:
-        x = (x ^ (v & _MASK64)) * 0xBF58476D1CE4E5B9 & _MASK64
-        x = (x ^ (x >> 31)) * 0x94D049BB133111EB & _MASK64
-        x ^= x >> 29
-    return x
 
 
 def argmin_rotating(keys: tuple[float, ...], start: int) -> int:

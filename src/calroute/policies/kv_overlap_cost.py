@@ -22,7 +22,7 @@ both stood for by ``kv_committed_tokens`` (prompt tokens admitted to the prefill
 has not come; it also counts their cached part, which Dynamo's prefill tokens do not); a decode worker's
 active blocks by its ``kv_committed_tokens`` (prompt + predicted output of its requests in flight, where
 Dynamo counts the blocks generated so far). Costs are kept in tokens: dividing both terms by one block size
-changes neither the argmin nor the min-max-normalised softmax. The sample is drawn from ``mix64(seed, seq,
+changes neither the argmin nor the min-max-normalised softmax. The sample is drawn from ``hash64(seed, seq,
 pool)``, ties at T = 0 rotate with ``seq``. Left out: host/disk tier credits, the credit decay, active-request
 weights, output-block tracking, queueing and busy thresholds. Our own code (docs/prefix.md).
 """
@@ -33,8 +33,9 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar, Final
 
-from calroute.policies.base import argmin_rotating, check, healthy, mix64
+from calroute.policies.base import argmin_rotating, check, healthy
 from calroute.policies.search_space import tunable
+from calroute.splitmix import hash64
 from calroute.types import Admission, ClusterView, RouteDecision
 
 _PREFILL_STREAM: Final = 0x5052  # separate random draws for the two pools of one decision
@@ -105,4 +106,4 @@ class KvOverlapCost:
         t = self.params.temperature
         if t == 0.0:
             return argmin_rotating(costs, seq)
-        return softmax_pick(costs, t, mix64(self.params.seed, seq, stream) / _TWO64)
+        return softmax_pick(costs, t, hash64(self.params.seed, seq, stream) / _TWO64)

@@ -72,7 +72,7 @@ from calroute.types import Admission, ClusterView, PicklesByConstructor, RouteDe
 class Params(PicklesByConstructor):
     # Weight of the committed backlog (seconds). 0.26 and w_evict 1.16 were found together by `calroute tune
     # --workload all --search w_b,w_evict` (they were 1 and 2.61): no family worse on held-out seeds at three
-    # operating points, ahead on mixed-bursty and the prefix families (docs/tuning.md, "The defaults").
+    # operating points, ahead on mixed-bursty and the prefix families (docs/tuning.md, "Current figures").
     w_b: float = field(default=0.26, metadata=tunable(0.0, 4.0))
     # Weight of the backlog on decode instances. 0 by default, unlike the paper: see the module docstring.
     w_b_dec: float = field(default=0.0, metadata=tunable(0.0, 2.0))

@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from calroute.policies.base import healthy, mix64
+from calroute.policies.base import healthy
+from calroute.splitmix import hash64
 from calroute.types import Admission, ClusterView, InstanceState, RouteDecision
 
 
@@ -20,10 +21,10 @@ class Params:
 def two_choices(pool: list[InstanceState], seed: int, seq: int, stream: int) -> tuple[int, int]:
     """Two distinct indices of ``pool`` (the same index twice when the pool has one member)."""
     n = len(pool)
-    a = mix64(seed, seq, stream) % n
+    a = hash64(seed, seq, stream) % n
     if n == 1:
         return a, a
-    b = (a + 1 + mix64(seed, seq, stream + 100) % (n - 1)) % n
+    b = (a + 1 + hash64(seed, seq, stream + 100) % (n - 1)) % n
     return a, b
 
 

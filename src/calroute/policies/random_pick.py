@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from calroute.policies.base import healthy, mix64
+from calroute.policies.base import healthy
+from calroute.splitmix import hash64
 from calroute.types import Admission, ClusterView, RouteDecision
 
 
@@ -25,6 +26,6 @@ class RandomPick:
         pre = healthy(view.prefill, "prefill")
         dec = healthy(view.decode, "decode")
         seed = self.params.seed
-        p = mix64(seed, view.seq, 1) % len(pre)
-        d = mix64(seed, view.seq, 2) % len(dec)
+        p = hash64(seed, view.seq, 1) % len(pre)
+        d = hash64(seed, view.seq, 2) % len(dec)
         return RouteDecision(pre[p].instance_id, dec[d].instance_id)

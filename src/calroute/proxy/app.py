@@ -22,7 +22,7 @@ from calroute.proxy.engine_client import EngineClient
 from calroute.proxy.generate import Generation
 from calroute.proxy.http.client import Endpoint
 from calroute.proxy.http.messages import Request, Response, json_response
-from calroute.proxy.http.server import Limits, Server
+from calroute.proxy.http.server import Server
 from calroute.proxy.kv_events import KvEventSubscriber, PreciseIndex
 from calroute.proxy.looplag import LoopLag
 from calroute.proxy.metrics import ProxyMetrics
@@ -32,6 +32,7 @@ from calroute.results.records import RecordWriter
 from calroute.routing.build import build_router
 from calroute.routing.decisions import DecisionLog
 from calroute.routing.ledger import Ledger
+from calroute.routing.router import Decision
 from calroute.routing.seeds import RouterSeeds
 
 
@@ -58,6 +59,9 @@ class Proxy:
         # real vLLM's events are translated into them, contract/blocks.py).
         block_tokens = cfg.cluster.block_tokens or BLOCK_TOKENS
         self.prefix = PreciseIndex(cfg.cluster.instance_specs(), block_tokens) if cfg.prefix_index else None
+        # The request and decision logs, open between start and stop.
+        self._writer: RecordWriter | None = None
+        self._decision_log: DecisionLog | None = None
         self.router = build_router(
             cfg.policy,
             cfg.policy_params,
@@ -70,6 +74,7 @@ class Proxy:
             # refits rebuild the policy routing then (switch_policy may have changed it)
             policy_factory=lambda cal: make_policy(self.policy_name, self.policy_params, cal),
             prefix=self.prefix,
+            on_decision=self._log_decision if cfg.decision_log_path is not None else None,
         )
         self._engine_headers = {"Authorization": f"Bearer {cfg.engine_api_key}"} if cfg.engine_api_key else {}
         self.signals = Signals(
@@ -81,7 +86,7 @@ class Proxy:
             self._engine_headers,
             poll_metrics=self._reads_samples(),
             probe=probe,
-            probe_max_bytes=cfg.max_probe_bytes,
+            probe_max_bytes=cfg.answer_limits.max_probe_bytes,
         )
         self.metrics = ProxyMetrics(self._live, self._prices)
         self._loop_lag = LoopLag(self.metrics.loop_lag.observe)
@@ -92,18 +97,6 @@ class Proxy:
             engines
             if engines is not None
             else {e.id: Endpoint(e.url, ENGINE_KEEPALIVE_S) for e in cfg.cluster.engines}
-        )
-        self.generation = Generation(
-            cfg,
-            self.router,
-            self.signals,
-            self.metrics,
-            self.prompt_length,
-            self._endpoints,
-            self._engine_headers,
-            self.now,
-            cfg.policy,
-            tokenizer,
         )
         event_endpoints = {
             e.id: e.kv_events_endpoint for e in cfg.cluster.engines if e.kv_events_endpoint is not None
@@ -120,7 +113,19 @@ class Proxy:
             if self.prefix is not None and event_endpoints
             else None
         )
-        self.generation.kv_events = self.kv_events
+        self.generation = Generation(
+            cfg,
+            self.router,
+            self.signals,
+            self.metrics,
+            self.prompt_length,
+            self._endpoints,
+            self._engine_headers,
+            self.now,
+            tokenizer,
+            self.kv_events,
+            lambda: self._writer,
+        )
         self._log: IO[str] | None = None
         self._decision_stream: IO[str] | None = None
         self._server = Server(
@@ -133,15 +138,7 @@ class Proxy:
                 ("GET", "/state"): self._state,
                 ("POST", "/admin/policy"): self._set_policy,
             },
-            cfg.max_body_bytes,
-            Limits(
-                head_timeout_s=cfg.head_timeout_s,
-                body_timeout_s=cfg.body_timeout_s,
-                body_min_rate_bytes_s=cfg.body_min_rate_bytes_s,
-                keepalive_s=cfg.keepalive_timeout_s,
-                max_connections=cfg.max_client_connections,
-                max_buffered_body_bytes=cfg.max_buffered_body_bytes,
-            ),
+            cfg.client_limits,
         )
 
     def now(self) -> float:
@@ -149,15 +146,19 @@ class Proxy:
 
     @property
     def policy_name(self) -> str:
-        return self.generation.policy_name
+        return self.router.policy.name
 
     def switch_policy(self, name: str, params: dict[str, Any]) -> None:
         """Route with another policy from the next request on (ConfigError if it cannot be made)."""
         check_live_policy(name)
-        self.router.policy = make_policy(name, params, self.router.constants or self.cfg.calibration)
-        self.generation.policy_name = name
+        self.router.switch_policy(make_policy(name, params, self.router.constants or self.cfg.calibration))
         self.policy_params = dict(params)
         self.signals.set_polling(self._reads_samples())
+
+    def _log_decision(self, d: Decision) -> None:
+        """The router's decision hook when there is a decision log: logged while it is open."""
+        if self._decision_log is not None:
+            self._decision_log(d)
 
     def _reads_samples(self) -> bool:
         """Whether anything reads the engines' metrics samples: the policy, or online recalibration (it
@@ -183,11 +184,11 @@ class Proxy:
         if self.cfg.log_path is not None:
             self.cfg.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log = self.cfg.log_path.open("a")
-            self.generation.writer = RecordWriter(self._log, flush_every=1)
+            self._writer = RecordWriter(self._log, flush_every=1)
         if self.cfg.decision_log_path is not None:
             self.cfg.decision_log_path.parent.mkdir(parents=True, exist_ok=True)
             self._decision_stream = self.cfg.decision_log_path.open("a", buffering=1)
-            self.router.on_decision = DecisionLog(self._decision_stream)
+            self._decision_log = DecisionLog(self._decision_stream)
         if signals:
             self.signals.start()
         if self.kv_events is not None:

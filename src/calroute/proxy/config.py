@@ -1,4 +1,5 @@
-"""What `calroute serve` is configured with, and the constants of its engine traffic."""
+"""What `calroute serve` is configured with, and the constants of its engine traffic. Every serve option's
+default is written here, once: the CLI's options take theirs from these dataclasses."""
 
 from __future__ import annotations
 
@@ -33,6 +34,47 @@ MAX_EVENT_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
+class AnswerLimits:
+    """What an engine's answers may make the proxy hold (the constants above; `calroute serve`
+    --max-answer-bytes and the like). Past a cap the answer is an engine failure, not a client's."""
+
+    max_answer_bytes: int = MAX_ANSWER_BYTES  # a prefill answer, a JSON completion, an engine's 4xx body
+    max_event_bytes: int = MAX_EVENT_BYTES  # one SSE event of a decode stream
+    max_probe_bytes: int = MAX_PROBE_BYTES  # a /metrics or /health answer
+
+    def __post_init__(self) -> None:
+        for name in ("max_answer_bytes", "max_event_bytes", "max_probe_bytes"):
+            if getattr(self, name) < 1024:
+                raise ConfigError(f"{name} must be at least 1024, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class ClientLimits:
+    """What one client may make the proxy's server wait for and hold (proxy/http/reader.py holds it to them;
+    docs/proxy.md, "Client limits", compares them with uvicorn's and Envoy's)."""
+
+    head_timeout_s: float = 10.0  # from a request's first byte to the end of its head: else 408
+    # A body must arrive within max(body_timeout_s, its length / body_min_rate_bytes_s) of its head's end (a
+    # chunked body's length: what has arrived so far, so one that keeps up the rate goes on): else 408.
+    body_timeout_s: float = 10.0
+    body_min_rate_bytes_s: float = 64 * 1024
+    # An idle connection, between requests, is closed after this: as aiohttp's and nginx's defaults, well past
+    # any client pool's own idle limit.
+    keepalive_timeout_s: float = 75.0
+    max_client_connections: int = 1024  # past it, a new connection gets a 503 and is closed
+    max_body_bytes: int = 8 * 1024 * 1024  # one request's body: past it 413
+    max_buffered_body_bytes: int = 64 * 1024 * 1024  # bodies being read, all connections together: 503
+
+    def __post_init__(self) -> None:
+        for name in ("head_timeout_s", "body_timeout_s", "body_min_rate_bytes_s", "keepalive_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("max_body_bytes", "max_client_connections", "max_buffered_body_bytes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
 class ProxyConfig:
     cluster: ClusterFile
     calibration: Calibration
@@ -51,11 +93,6 @@ class ProxyConfig:
     prefill_timeout_s: float = 60.0
     stall_timeout_s: float = 60.0  # longest silence from a decode engine before it counts as stalled
     max_attempts: int = 3
-    max_body_bytes: int = 8 * 1024 * 1024
-    # Engine answers (see the constants above; calroute serve --max-answer-bytes and the like).
-    max_answer_bytes: int = MAX_ANSWER_BYTES  # a prefill answer, a JSON completion, an engine's 4xx body
-    max_probe_bytes: int = MAX_PROBE_BYTES  # a /metrics or /health answer
-    max_event_bytes: int = MAX_EVENT_BYTES  # one SSE event of a decode stream
     online_calibration: bool = False  # refit tau_pre / tau_dec from routed requests (costmodel/online.py)
     # Match each prompt's blocks against a prefix index (docs/prefix.md): fed by an engine's KV events where
     # the cluster file gives its kv_events_endpoint, by the router's own placements elsewhere (and while a
@@ -63,13 +100,8 @@ class ProxyConfig:
     prefix_index: bool = False
     admin_token: str | None = None  # from CALROUTE_ADMIN_TOKEN; None disables the admin endpoints
     engine_api_key: str | None = None  # from CALROUTE_ENGINE_API_KEY; sent to engines, never logged
-    # ---- client limits (proxy/http/reader.py Limits; docs/proxy.md compares them with uvicorn's, Envoy's)
-    head_timeout_s: float = 10.0  # a request's first byte to the end of its head: else 408
-    body_timeout_s: float = 10.0  # a body gets max(this, its bytes / body_min_rate_bytes_s): else 408
-    body_min_rate_bytes_s: float = 64 * 1024
-    keepalive_timeout_s: float = 75.0  # an idle client connection is closed after this
-    max_client_connections: int = 1024  # past it a new connection gets 503 and is closed
-    max_buffered_body_bytes: int = 64 * 1024 * 1024  # bodies being read, all together: past it 503
+    answer_limits: AnswerLimits = field(default_factory=AnswerLimits)
+    client_limits: ClientLimits = field(default_factory=ClientLimits)
 
     def __post_init__(self) -> None:
         if self.predictor_noise < 0:
@@ -82,12 +114,3 @@ class ProxyConfig:
         if key is not None and any(ord(c) < 0x20 or ord(c) == 0x7F for c in key):
             # it goes into a header of every engine request: refused here, not at the first request
             raise ConfigError("engine_api_key (CALROUTE_ENGINE_API_KEY) contains a control character")
-        for name in ("max_answer_bytes", "max_probe_bytes", "max_event_bytes"):
-            if getattr(self, name) < 1024:
-                raise ConfigError(f"{name} must be at least 1024, got {getattr(self, name)}")
-        for name in ("head_timeout_s", "body_timeout_s", "body_min_rate_bytes_s", "keepalive_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("max_body_bytes", "max_client_connections", "max_buffered_body_bytes"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -7,7 +7,7 @@ A failed prefill is retried on another prefill engine; a decode that fails befor
 another decode engine with a fresh prefill (transfer params are never reused). Engine 4xx answers go back
 to the client and never count against the engine. Every admitted request ends in exactly one record.
 
-Engines are not trusted: every answer is read up to its cap (ProxyConfig.max_answer_bytes whole,
+Engines are not trusted: every answer is read up to its cap (AnswerLimits.max_answer_bytes whole,
 max_event_bytes an SSE event), and one over it or misframed is an engine failure like a 5xx, counted in
 calroute_engine_protocol_errors_total. What went wrong (the engine, the exception) goes to the log, the
 record and the metrics; the client only ever reads that the engines could not serve its request.
@@ -66,8 +66,9 @@ def _status_failed(engine_id: str, phase: str, status: int) -> EngineFailed:
 
 class Generation:
     """The two generation routes. The proxy (app.py) owns the parts and the surface around them; this
-    class only serves requests with them. ``policy_name`` labels records and metrics (the proxy changes
-    it on a policy switch); ``writer`` is set while the request log is open."""
+    class only serves requests with them. ``kv_events``: the subscriber to the engines' KV events, when
+    they publish them. ``writer``: the request log's writer while it is open (the proxy opens it at start,
+    after building this), else None."""
 
     def __init__(
         self,
@@ -79,8 +80,9 @@ class Generation:
         endpoints: Mapping[str, EngineClient],
         engine_headers: Mapping[str, str],
         now: Callable[[], float],
-        policy_name: str,
         tokenizer: Tokenizer | None,
+        kv_events: KvEventSubscriber | None,
+        writer: Callable[[], RecordWriter | None],
     ) -> None:
         self.cfg = cfg
         self.tokenizer = tokenizer
@@ -91,13 +93,21 @@ class Generation:
         self._endpoints = endpoints
         self._engine_headers = engine_headers
         self.now = now
-        self.policy_name = policy_name
-        self.writer: RecordWriter | None = None
-        self.kv_events: KvEventSubscriber | None = None  # set by the proxy when engines publish KV events
+        self.kv_events = kv_events
+        self._writer = writer
         # Request ids: a random 64-bit prefix per proxy process, then a counter. Unique across proxies and
         # restarts as uuid4 would be (and as long), without a getrandom call per request.
         self._id_prefix = os.urandom(8).hex()
         self._ids = itertools.count()
+
+    @property
+    def writer(self) -> RecordWriter | None:
+        return self._writer()
+
+    @property
+    def policy_name(self) -> str:
+        """What records and metrics are labelled with: the policy routing now (it can be switched)."""
+        return self.router.policy.name
 
     async def completions(self, request: Request) -> Response | Stream:
         return await self._generate(request, "/v1/completions")
@@ -138,7 +148,7 @@ class Generation:
         for _ in range(self.cfg.max_attempts):
             started = time.perf_counter()
             try:
-                adm, decision = self.router.admit(
+                d = self.router.admit(
                     f.request_id,
                     f.prompt_tokens,
                     f.slo,
@@ -146,15 +156,15 @@ class Generation:
                     f.oracle_tokens,
                     prefix_blocks=f.prefix_blocks,
                 )
-                f.predicted_cached_tokens = self.router.last_match.get(decision.prefill_id, 0)
             except NoCandidateError as e:
                 self._finish(f, RequestStatus.FAILED, str(e))
                 return await self._error(
                     f, 503, f"no engine can serve the request: {e}", "ServiceUnavailable"
                 )
             self.metrics.decision.observe(time.perf_counter() - started)
-            f.admitted, f.predicted = True, adm.predicted_output_tokens
-            f.prefill_id, f.decode_id = decision.prefill_id, decision.decode_id
+            f.admitted, f.predicted = True, d.admission.predicted_output_tokens
+            f.prefill_id, f.decode_id = d.route.prefill_id, d.route.decode_id
+            f.predicted_cached_tokens = d.match.get(d.route.prefill_id, 0)
             f.prefill_done_s = f.first_token_s = f.last_token_s = None
             try:
                 kv, client_error = await self._prefill(body, path, f)
@@ -230,7 +240,7 @@ class Generation:
                 read_timeout_s=self.cfg.prefill_timeout_s,
             )
             async with r:
-                payload = await r.read(self.cfg.max_answer_bytes)
+                payload = await r.read(self.cfg.answer_limits.max_answer_bytes)
             status = r.status
         except (UpstreamError, TimeoutError) as e:
             raise _failed(f.prefill_id, "prefill", e) from e
@@ -289,7 +299,9 @@ class Generation:
                 if r.status >= 500 or 300 <= r.status < 400:
                     raise _status_failed(f.decode_id, "decode", r.status)
                 if r.status >= 400:
-                    return await self._client_error(f, r.status, await r.read(self.cfg.max_answer_bytes))
+                    return await self._client_error(
+                        f, r.status, await r.read(self.cfg.answer_limits.max_answer_bytes)
+                    )
                 if not body.get("stream"):
                     return await self._relay_json(r, f)
                 return await self._relay_stream(request, r, f, handoff.client_wants_usage(body))
@@ -307,7 +319,7 @@ class Generation:
         return self.cfg.stall_timeout_s + tokens * SLOW_STEPS_PER_TOKEN * self.cfg.calibration.tau_dec_s
 
     async def _relay_json(self, r: EngineAnswer, f: Flight) -> Response:
-        payload = await r.read(self.cfg.max_answer_bytes)
+        payload = await r.read(self.cfg.answer_limits.max_answer_bytes)
         now = self.now()
         try:
             out = codec.loads(payload)
@@ -355,7 +367,7 @@ class Generation:
             client_wants_usage,
             self.now,
             lambda now: self.router.first_token(f.request_id, now),
-            self.cfg.max_event_bytes,
+            self.cfg.answer_limits.max_event_bytes,
         )
         try:
             relay.attach(resp.transport, resp.chunked, r)
@@ -416,16 +428,16 @@ class Generation:
                 self.router.first_token(f.request_id, now)
             self.router.done(f.request_id, f.prompt_tokens, f.output_tokens, now, ok, f.first_token_s)
             f.admitted = False
-        rec = f.record(self.policy_name, status, error)
-        if self.writer is not None:
-            self.writer.write(rec)
-        self.metrics.requests.labels(
-            self.policy_name, f.prefill_id or "", f.decode_id or "", status.value
-        ).inc()
+        policy = self.policy_name
+        rec = f.record(policy, status, error)
+        writer = self._writer()
+        if writer is not None:
+            writer.write(rec)
+        self.metrics.requests.labels(policy, f.prefill_id or "", f.decode_id or "", status.value).inc()
         if ok:
-            self.metrics.prompt_tokens.labels(self.policy_name).inc(f.prompt_tokens)
-            self.metrics.cached_tokens.labels(self.policy_name).inc(f.cached_tokens)
-            self.metrics.predicted_cached_tokens.labels(self.policy_name).inc(f.predicted_cached_tokens)
+            self.metrics.prompt_tokens.labels(policy).inc(f.prompt_tokens)
+            self.metrics.cached_tokens.labels(policy).inc(f.cached_tokens)
+            self.metrics.predicted_cached_tokens.labels(policy).inc(f.predicted_cached_tokens)
         if ok and rec.ttft_s is not None:
             self.metrics.ttft.observe(rec.ttft_s)
             if f.output_tokens >= 2 and rec.tpot_s is not None:

@@ -1,1 +1,1 @@
-"""PNG plots of results (the only package that imports matplotlib); experiments/report.py writes Markdown."""
+"""PNG plots of results (the only package importing matplotlib); experiments/kit/report.py writes Markdown."""

@@ -1,7 +1,9 @@
 """Paired comparisons: the mean difference over matched runs (same seed or trace window), with a 95 %
 percentile-bootstrap interval, and the project's rule for calling it (docs/experiments.md): a win or a loss
 only where the interval excludes zero, otherwise "within noise", always with its n; and, for a difference
-within noise, how many pairs would resolve it if the observed mean and spread held.
+within noise, how many pairs would resolve it if the observed mean and spread held. Beside them, bootstrap
+intervals of a difference of percentiles (unpaired, paired, or resampling whole clusters such as a
+benchmark's rounds): what the proxy-overhead benchmark's added TTFT needs.
 """
 
 from __future__ import annotations
@@ -71,6 +73,62 @@ def paired_difference(a: Sequence[float], b: Sequence[float]) -> PairedDiff:
     means = d[idx].mean(axis=1)
     low, high = np.percentile(means, [2.5, 97.5])
     return PairedDiff(mean, float(low), float(high), len(d), float(d.std(ddof=1)))
+
+
+def bootstrap_quantile_diff(
+    a: Sequence[float],
+    b: Sequence[float],
+    q: float,
+    rng: np.random.Generator | None = None,
+    *,
+    paired: bool = False,
+    samples: int = _BOOTSTRAP_SAMPLES,
+) -> tuple[float, float]:
+    """95 % percentile-bootstrap interval of the q-th percentile of ``a`` minus that of ``b``.
+
+    Unpaired, each sample is resampled on its own. ``paired``: ``a[i]`` and ``b[i]`` are one pair (e.g. the
+    same scheduled arrival measured two ways) and pairs are resampled whole, so what moves both members of
+    a pair alike does not widen the interval. ``rng`` None: the fixed seed (the interval a property of the
+    data); a caller running several intervals from one stream passes its own."""
+    xa, xb = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if not len(xa) or not len(xb) or (paired and len(xa) != len(xb)):
+        raise ValueError(f"samples must be non-empty (and of equal length if paired): {len(xa)}, {len(xb)}")
+    rng = np.random.default_rng(_BOOTSTRAP_SEED) if rng is None else rng
+    if paired:
+        idx = rng.integers(0, len(xa), (samples, len(xa)))
+        d = np.percentile(xa[idx], q, axis=1) - np.percentile(xb[idx], q, axis=1)
+    else:
+        da = np.percentile(xa[rng.integers(0, len(xa), (samples, len(xa)))], q, axis=1)
+        db = np.percentile(xb[rng.integers(0, len(xb), (samples, len(xb)))], q, axis=1)
+        d = da - db
+    low, high = np.percentile(d, [2.5, 97.5])
+    return float(low), float(high)
+
+
+def bootstrap_clustered_quantile_diff(
+    clusters: Sequence[tuple[Sequence[float], Sequence[float]]],
+    q: float,
+    rng: np.random.Generator | None = None,
+    *,
+    samples: int = _BOOTSTRAP_SAMPLES,
+) -> tuple[float, float]:
+    """95 % bootstrap interval of the q-th percentile of every cluster's ``a`` pooled minus that of every
+    ``b`` pooled, resampling whole clusters (e.g. a benchmark's rounds, each its ``a`` and ``b``).
+
+    What drifts between clusters moves a cluster's values together; resampling values as if independent
+    gives an interval narrower than the clusters' spread. (nan, nan) with fewer than two non-empty clusters:
+    one cluster has no spread to resample."""
+    arrays = [(np.asarray(a, dtype=float), np.asarray(b, dtype=float)) for a, b in clusters if len(a)]
+    if len(arrays) < 2:
+        return (math.nan, math.nan)
+    rng = np.random.default_rng(_BOOTSTRAP_SEED) if rng is None else rng
+    d = np.empty(samples)
+    for i, pick in enumerate(rng.integers(0, len(arrays), (samples, len(arrays)))):
+        xa = np.concatenate([arrays[k][0] for k in pick])
+        xb = np.concatenate([arrays[k][1] for k in pick])
+        d[i] = np.percentile(xa, q) - np.percentile(xb, q)
+    low, high = np.percentile(d, [2.5, 97.5])
+    return float(low), float(high)
 
 
 def t_quantile_975(df: int) -> float:

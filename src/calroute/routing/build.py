@@ -9,13 +9,11 @@ from typing import Any
 from calroute.costmodel.calibration import Calibration
 from calroute.costmodel.online import OnlineCalibrator
 from calroute.costmodel.predictors import make_predictor
-from calroute.policies import make_policy
+from calroute.policies import make_policy, registered
 from calroute.routing.ledger import Ledger
 from calroute.routing.prefix_index import PrefixIndex
-from calroute.routing.router import OnlineRecalibration, PolicyFactory, Router
+from calroute.routing.router import DecisionHook, OnlineRecalibration, PolicyFactory, Router
 from calroute.routing.seeds import RouterSeeds
-
-SEEDED_POLICIES = ("random", "power_of_two")  # their "seed" parameter comes from RouterSeeds.policy
 
 
 def build_router(
@@ -30,15 +28,18 @@ def build_router(
     online_calibration: bool = False,
     policy_factory: PolicyFactory | None = None,
     prefix: PrefixIndex | None = None,
+    record_placements: bool = True,
+    on_decision: DecisionHook | None = None,
 ) -> Router:
     """A router pricing with ``calibration``; a ConfigError names a bad policy, parameter or predictor.
 
     A seeded policy without a "seed" in ``params`` gets ``seeds.policy`` (if not None). With
     ``online_calibration``, refits rebuild the policy with ``policy_factory`` (default: this policy with
-    these parameters; the proxy's follows a policy switched at run time).
+    these parameters; the proxy's follows a policy switched at run time). ``prefix``,
+    ``record_placements`` and ``on_decision``: as Router takes them.
     """
     params = dict(params)
-    if seeds.policy is not None and policy in SEEDED_POLICIES and "seed" not in params:
+    if seeds.policy is not None and registered(policy).seeded and "seed" not in params:
         params["seed"] = seeds.policy
     pol = make_policy(policy, params, calibration)
     if getattr(pol, "needs_true_state", False):
@@ -48,4 +49,12 @@ def build_router(
     if online_calibration:
         factory = policy_factory or (lambda cal: make_policy(policy, params, cal))
         online = OnlineRecalibration(OnlineCalibrator(calibration), factory)
-    return Router(pol, pred, ledger, online=online, prefix=prefix)
+    return Router(
+        pol,
+        pred,
+        ledger,
+        on_decision=on_decision,
+        online=online,
+        prefix=prefix,
+        record_placements=record_placements,
+    )

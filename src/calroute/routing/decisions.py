@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import IO, Any
 
+from calroute.routing.router import Decision
 from calroute.types import Admission, ClusterView, InstanceState, Role, RouteDecision, SloClass
 
 
@@ -65,5 +66,5 @@ class DecisionLog:
     def __init__(self, stream: IO[str]) -> None:
         self._stream = stream
 
-    def __call__(self, adm: Admission, view: ClusterView, decision: RouteDecision) -> None:
-        self._stream.write(decision_to_json(adm, view, decision) + "\n")
+    def __call__(self, d: Decision) -> None:
+        self._stream.write(decision_to_json(d.admission, d.view, d.route) + "\n")

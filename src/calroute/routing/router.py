@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from calroute.costmodel.calibration import Calibration
 from calroute.costmodel.online import OnlineCalibrator
@@ -19,12 +20,32 @@ from calroute.types import (
     PicklesByConstructor,
     RouteDecision,
     SloClass,
+    SlottedValue,
 )
 
-DecisionHook = Callable[[Admission, ClusterView, RouteDecision], None]
 # The simulator's truth for a policy that may see it (policies/oracle.py): (now, seq, blocks, prompt) -> view.
 TrueView = Callable[[float, int, Sequence[int], int], ClusterView]
 PolicyFactory = Callable[[Calibration], RoutingPolicy]
+
+
+class Decision(SlottedValue):
+    """Everything one decision produced: the admission (with its predicted length), the view the policy
+    saw, its choice, and the prompt's prefix match (instance id -> cached prompt tokens; empty without a
+    prefix index or block ids), which the proxy records as the hit it predicted."""
+
+    _fields = ("admission", "view", "route", "match")
+    __slots__ = _fields
+
+    def __init__(
+        self, admission: Admission, view: ClusterView, route: RouteDecision, match: dict[str, int]
+    ) -> None:
+        self.admission: Final = admission
+        self.view: Final = view
+        self.route: Final = route
+        self.match: Final = match
+
+
+DecisionHook = Callable[[Decision], None]
 
 
 @dataclass(frozen=True)
@@ -92,10 +113,6 @@ class Router:
         self.online = online
         self.prefix = prefix
         self.record_placements = record_placements
-        # The last admission's prefix match (instance id -> cached prompt tokens), for its record.
-        self.last_match: dict[str, int] = {}
-        # Set by the simulator for a policy that routes on the truth (the oracle); None everywhere else.
-        self.true_view: TrueView | None = None
         self._tracked: dict[str, _Tracked] = {}
 
     def decide(
@@ -106,22 +123,23 @@ class Router:
         now_s: float,
         oracle_output_tokens: int | None = None,
         prefix_blocks: Sequence[int] = (),
-    ) -> tuple[Admission, ClusterView, RouteDecision]:
+        true_view: TrueView | None = None,
+    ) -> Decision:
         """Predict and decide on the current view, committing nothing (``admit`` does both).
 
         ``prefix_blocks``: the prompt's block ids, in the prefix index's block size (see PrefixIndex); a
-        ``PromptBlocks`` is hashed only as far as the match needs."""
+        ``PromptBlocks`` is hashed only as far as the match needs. ``true_view``: the simulator's, for a
+        policy that routes on the truth (the oracle), in place of the ledger's view."""
         predicted = self.predictor.predict(prompt_tokens, oracle_output_tokens)
         adm = Admission(request_id, prompt_tokens, predicted, slo_class)
         index = self.prefix
         match = index.match(prefix_blocks) if index is not None and prefix_blocks else {}
-        self.last_match = match
-        if self.true_view is not None:
-            view = self.true_view(now_s, self.ledger.decisions, prefix_blocks, prompt_tokens)
+        if true_view is not None:
+            view = true_view(now_s, self.ledger.decisions, prefix_blocks, prompt_tokens)
         else:
             reuse = index.reuse_ratios() if index is not None and prefix_blocks else None
             view = _panic(self.ledger.view(now_s, match, reuse))
-        return adm, view, self.policy.route(adm, view)
+        return Decision(adm, view, self.policy.route(adm, view), match)
 
     def admit(
         self,
@@ -131,23 +149,24 @@ class Router:
         now_s: float,
         oracle_output_tokens: int | None = None,
         prefix_blocks: Sequence[int] = (),
-    ) -> tuple[Admission, RouteDecision]:
+        true_view: TrueView | None = None,
+    ) -> Decision:
         """Predict, decide on the current view, and commit the decision to the ledger (and the prompt's
         blocks to the prefix index, as placed: all of them, hashing the rest of a ``PromptBlocks``).
 
-        ``prefix_blocks``: the prompt's block ids, in the prefix index's block size (see PrefixIndex)."""
-        adm, view, decision = self.decide(
-            request_id, prompt_tokens, slo_class, now_s, oracle_output_tokens, prefix_blocks
+        ``prefix_blocks`` and ``true_view``: as ``decide`` takes them."""
+        d = self.decide(
+            request_id, prompt_tokens, slo_class, now_s, oracle_output_tokens, prefix_blocks, true_view
         )
         if self.on_decision is not None:
-            self.on_decision(adm, view, decision)
-        match = self.last_match
+            self.on_decision(d)
+        decision, match = d.route, d.match
         self.ledger.admit(
             request_id,
             decision.prefill_id,
             decision.decode_id,
             prompt_tokens,
-            adm.predicted_output_tokens,
+            d.admission.predicted_output_tokens,
             now_s,
             match.get(decision.prefill_id, 0) if match else 0,
         )
@@ -156,11 +175,15 @@ class Router:
             index.placed(decision.prefill_id, prefix_blocks)
             index.placed(decision.decode_id, prefix_blocks)
         if self.online is not None:
-            pre = next(s for s in view.prefill if s.instance_id == decision.prefill_id)
+            pre = next(s for s in d.view.prefill if s.instance_id == decision.prefill_id)
             self._tracked[request_id] = _Tracked(
                 decision.prefill_id, decision.decode_id, now_s, pre.in_flight == 0
             )
-        return adm, decision
+        return d
+
+    def switch_policy(self, policy: RoutingPolicy) -> None:
+        """Route with ``policy`` from the next decision on (the proxy's /admin/policy)."""
+        self.policy = policy
 
     def prefill_done(self, request_id: str, now_s: float, prompt_tokens: int | None = None) -> None:
         self.ledger.prefill_done(request_id, now_s)

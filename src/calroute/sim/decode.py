@@ -23,9 +23,9 @@ from calroute.costmodel.calibration import DecodeCurve, PrefillCurve
 from calroute.costmodel.profiles import EngineLimits
 from calroute.routing.heap import Entry, MinHeap
 from calroute.sim.kernel import URGENT, Kernel
-from calroute.sim.prefix_cache import BlockCache
+from calroute.sim.prefix_cache import BlockCache, CacheListener
 from calroute.sim.requests import SimRequest
-from calroute.sim.sampling import HeldMetrics, Sample
+from calroute.sim.sampling import HeldMetrics, ReadHorizon, Sample
 from calroute.types import InstanceState, Role
 
 
@@ -44,6 +44,8 @@ class DecodeInstance:
         max_stretch_steps: int | None = None,
         sample_interval_s: float = 0.05,
         block_tokens: int = 512,
+        horizon: ReadHorizon | None = None,
+        cache_listener: CacheListener | None = None,
     ) -> None:
         """``max_stretch_steps=1`` makes this an iteration-level model (one event per step): the baseline
         the closed form is benchmarked and tested against."""
@@ -81,8 +83,8 @@ class DecodeInstance:
         self._planned_s = math.inf
         self.peak_kv_used_tokens = 0
         self.preemptions = 0
-        self.metrics = HeldMetrics(sample_interval_s, self._metrics_at)
-        self.cache = BlockCache(block_tokens)
+        self.metrics = HeldMetrics(sample_interval_s, self._metrics_at, horizon)
+        self.cache = BlockCache(block_tokens, cache_listener)
         # bound once: each `self._on_event` would build a new bound-method object per scheduled event
         self._on_event_cb: Callable[[tuple[int, int]], None] = self._on_event
         self._transfer_done_cb: Callable[[SimRequest], None] = self._transfer_done

@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 from calroute.costmodel.calibration import PrefillCurve
 from calroute.sim.kernel import URGENT, Kernel
-from calroute.sim.prefix_cache import BlockCache
+from calroute.sim.prefix_cache import BlockCache, CacheListener
 from calroute.sim.requests import SimRequest
-from calroute.sim.sampling import HeldMetrics, Sample
+from calroute.sim.sampling import HeldMetrics, ReadHorizon, Sample
 from calroute.types import InstanceState, Role
 
 
@@ -27,6 +27,8 @@ class PrefillInstance:
         on_prefill_done: Callable[[SimRequest], None],
         sample_interval_s: float = 0.05,
         block_tokens: int = 512,
+        horizon: ReadHorizon | None = None,
+        cache_listener: CacheListener | None = None,
     ) -> None:
         self.instance_id = instance_id
         self._kernel = kernel
@@ -39,8 +41,8 @@ class PrefillInstance:
         self._batch_size = 0
         self.kv_used_tokens = 0
         self.peak_kv_used_tokens = 0
-        self.metrics = HeldMetrics(sample_interval_s, self._metrics_at)
-        self.cache = BlockCache(block_tokens)
+        self.metrics = HeldMetrics(sample_interval_s, self._metrics_at, horizon)
+        self.cache = BlockCache(block_tokens, cache_listener)
 
     def enqueue(self, req: SimRequest) -> None:
         self.metrics.touch(self._kernel.now_s)

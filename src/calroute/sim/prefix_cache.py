@@ -11,7 +11,7 @@ The engine's KV accounting (sim/prefill.py, sim/decode.py) counts each held prom
 once per request that holds it; the cache keeps free blocks only in the room that accounting leaves
 (``trim``). Both err the same way: a cluster under heavy sharing holds somewhat fewer blocks than vLLM.
 
-``listener``, when set, hears what vLLM's KV events would say: blocks stored (first cached) and removed
+``listener``, when given, hears what vLLM's KV events would say: blocks stored (first cached) and removed
 (evicted), in the order they happen. The simulator delays them to the router's precise index.
 """
 
@@ -27,13 +27,13 @@ CacheListener = Callable[[bool, tuple[int, ...]], None]
 class BlockCache:
     __slots__ = ("block_tokens", "_pinned", "_free", "hits_tokens", "queried_tokens", "listener")
 
-    def __init__(self, block_tokens: int) -> None:
+    def __init__(self, block_tokens: int, listener: CacheListener | None = None) -> None:
         self.block_tokens = block_tokens
         self._pinned: dict[int, int] = {}  # block -> requests holding it
         self._free: OrderedDict[int, None] = OrderedDict()  # cached, unpinned; oldest first
         self.hits_tokens = 0  # prompt tokens served from cache, over the run
         self.queried_tokens = 0  # prompt tokens of the requests that asked
-        self.listener: CacheListener | None = None
+        self.listener = listener
 
     def acquire(self, blocks: tuple[int, ...], prompt_tokens: int) -> int:
         """Pin ``blocks`` for a request; returns its prompt tokens served from cache."""

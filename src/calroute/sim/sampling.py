@@ -57,8 +57,8 @@ class ReadHorizon:
 class HeldMetrics:
     __slots__ = ("_interval_s", "_probe", "_tick", "_sample", "_stale_after_s", "horizon")
 
-    def __init__(self, interval_s: float, probe: Probe) -> None:
-        self.horizon: ReadHorizon | None = None
+    def __init__(self, interval_s: float, probe: Probe, horizon: ReadHorizon | None = None) -> None:
+        self.horizon = horizon
         self._interval_s = interval_s
         self._probe = probe
         self._tick = -1

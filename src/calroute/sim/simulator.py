@@ -15,10 +15,11 @@ from calroute.costmodel.profiles import HardwareProfile
 from calroute.errors import ConfigError
 from calroute.results.records import RequestRecord
 from calroute.routing.heap import Entry, MinHeap
-from calroute.routing.router import Router
+from calroute.routing.router import Router, TrueView
 from calroute.sim.decode import DecodeInstance
 from calroute.sim.kernel import Kernel
 from calroute.sim.prefill import PrefillInstance
+from calroute.sim.prefix_cache import CacheListener
 from calroute.sim.requests import SimRequest
 from calroute.sim.sampling import ReadHorizon, Sample, poll
 from calroute.types import (
@@ -80,7 +81,14 @@ class ClusterSim:
         """
         if sample_interval_s <= 0:
             raise ConfigError(f"sample_interval_s must be > 0, got {sample_interval_s}")
+        if kv_event_delay_s is not None:
+            if kv_event_delay_s < 0:
+                raise ConfigError(f"kv_event_delay_s must be >= 0, got {kv_event_delay_s}")
+            if router.prefix is None:
+                raise ConfigError("KV events need a router with a prefix index")
         self.kernel = Kernel()
+        # The only reader of the engines' metrics (at arrivals): its promise lets them skip samples.
+        self._horizon = ReadHorizon()
         self._router = router
         self._policy_name = policy_name
         self._limits = profile.limits
@@ -96,6 +104,8 @@ class ClusterSim:
                 self._prefill_done,
                 sample_interval_s=sample_interval_s,
                 block_tokens=block_tokens,
+                horizon=self._horizon,
+                cache_listener=self._publisher(s.instance_id, kv_event_delay_s),
             )
             for s in shape.instances(lim.kv_capacity_tokens)
             if s.role is Role.PREFILL
@@ -114,6 +124,8 @@ class ClusterSim:
                 max_stretch_steps,
                 sample_interval_s=sample_interval_s,
                 block_tokens=block_tokens,
+                horizon=self._horizon,
+                cache_listener=self._publisher(s.instance_id, kv_event_delay_s),
             )
             for s in shape.instances(lim.kv_capacity_tokens)
             if s.role is Role.DECODE
@@ -129,24 +141,16 @@ class ClusterSim:
             *self.decode.values(),
         ]
         self._max_request_tokens = profile.limits.max_request_tokens
-        self._horizon = ReadHorizon()
-        for engine in self._engines:
-            engine.metrics.horizon = self._horizon
         self._samplers = [(e.instance_id, e.metrics) for e in self._engines]
         self._last_samples: list[Sample | None] = [None] * len(self._engines)
         self._count = 0
         self._last_arrival_s = 0.0
-        if getattr(router.policy, "needs_true_state", False):
-            router.true_view = self._true_view
+        # A policy that routes on the truth (the oracle) is handed this run's at each decision.
+        self._truth: TrueView | None = (
+            self._true_view if getattr(router.policy, "needs_true_state", False) else None
+        )
         self._tau_pre_s = cal.tau_pre_s
         self._tau_dec_s = cal.tau_dec_s
-        if kv_event_delay_s is not None:
-            if kv_event_delay_s < 0:
-                raise ConfigError(f"kv_event_delay_s must be >= 0, got {kv_event_delay_s}")
-            if router.prefix is None:
-                raise ConfigError("KV events need a router with a prefix index")
-            for engine in self._engines:
-                engine.cache.listener = self._publisher(engine.instance_id, kv_event_delay_s)
 
     # ---- driving ------------------------------------------------------------------------------------
 
@@ -223,16 +227,17 @@ class ClusterSim:
         # Engine metrics are read at (admitted) arrivals only, so none is read before the next arrival.
         # Arrivals are sorted (checked when scheduled), so the horizon never decreases, even across runs.
         self._horizon.next_read_s = self._last_arrival_s
-        adm, decision = self._router.admit(
-            request_id, prompt_tokens, slo_class, now, output_tokens, prefix_blocks
+        d = self._router.admit(
+            request_id, prompt_tokens, slo_class, now, output_tokens, prefix_blocks, self._truth
         )
+        decision = d.route
         req = SimRequest(
             request_id,
             arrival_s,
             prompt_tokens,
             output_tokens,
             slo_class,
-            adm.predicted_output_tokens,
+            d.admission.predicted_output_tokens,
             decision.prefill_id,
             decision.decode_id,
             prefix_blocks,
@@ -328,7 +333,11 @@ class ClusterSim:
             ),
         )
 
-    def _publisher(self, instance_id: str, delay_s: float) -> Callable[[bool, tuple[int, ...]], None]:
+    def _publisher(self, instance_id: str, delay_s: float | None) -> CacheListener | None:
+        """What an engine's cache tells its changes to: the router's index, ``delay_s`` later (None: no
+        KV events, nothing listens)."""
+        if delay_s is None:
+            return None
         kernel = self.kernel
         deliver = self._kv_event
 

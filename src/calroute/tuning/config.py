@@ -15,7 +15,7 @@ from typing import Any
 
 from calroute.costmodel.profiles import HardwareProfile
 from calroute.errors import ConfigError
-from calroute.experiments.compare import SimSetup
+from calroute.experiments.kit.sim_backend import SimSetup
 from calroute.policies import params_class
 from calroute.policies.base import parse_params
 from calroute.policies.params_file import params_dict

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from calroute.experiments.compare import SimSetup, saturate, simulate_run
-from calroute.experiments.saturation import SaturationResult
+from calroute.experiments.kit.saturation import SaturationResult
+from calroute.experiments.kit.sim_backend import SimSetup, saturate, simulate_run
 from calroute.tuning.config import SATURATION_TARGET, WorkloadSpec
 
 

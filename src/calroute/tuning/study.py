@@ -27,8 +27,9 @@ from calroute.costmodel.profiles import HardwareProfile
 from calroute.errors import ConfigError
 from calroute.executors import Executor
 from calroute.policies import params_class
-from calroute.policies.base import mix64, parse_params
+from calroute.policies.base import parse_params
 from calroute.policies.search_space import Range
+from calroute.splitmix import hash64
 from calroute.tuning.config import TuneConfig
 from calroute.tuning.jobs import RunJob, run_goodput
 
@@ -180,7 +181,7 @@ def _close_stale(study: optuna.Study) -> int:
 
 def _sampler(config: TuneConfig, done: int) -> optuna.samplers.BaseSampler:
     # Reseeded per batch from (study seed, trials done): a resumed study draws what an unbroken one would.
-    seed = mix64(config.study_seed, done) % (1 << 32)
+    seed = hash64(config.study_seed, done) % (1 << 32)
     return optuna.samplers.TPESampler(
         seed=seed, multivariate=True, constant_liar=True, n_startup_trials=STARTUP_TRIALS
     )

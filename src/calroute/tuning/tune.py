@@ -15,8 +15,8 @@ from optuna.trial import FrozenTrial
 from calroute.costmodel.profiles import HardwareProfile
 from calroute.errors import ConfigError
 from calroute.executors import Executor
-from calroute.experiments.runner import git_commit
-from calroute.experiments.saturation import SaturationResult
+from calroute.experiments.kit.saturation import SaturationResult
+from calroute.results.provenance import git_commit
 from calroute.tuning import output
 from calroute.tuning.config import TuneConfig
 from calroute.tuning.jobs import SaturationJob, find_rate

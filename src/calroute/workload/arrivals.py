@@ -1,6 +1,7 @@
 """Seeded arrival processes: Poisson, gamma renewal and a two-state Markov-modulated Poisson process.
 
-Each returns ``n`` absolute, non-decreasing arrival times in seconds, the first one gap after time 0.
+Each returns ``n`` absolute, non-decreasing arrival times in seconds, the first one gap after time 0
+(``poisson_arrivals_within``: those before a given time instead).
 """
 
 from __future__ import annotations
@@ -25,6 +26,31 @@ def poisson_arrivals(rate_rps: float, n: int, rng: np.random.Generator) -> Float
     _check_common(rate_rps, n)
     gaps_s = rng.exponential(1.0 / rate_rps, size=n)
     return np.cumsum(gaps_s, dtype=np.float64)
+
+
+def _draw_size(rate_rps: float, duration_s: float) -> int:
+    """Gaps drawn at a time: the mean count and some, so that one draw almost always covers the duration."""
+    return int(rate_rps * duration_s * 1.1) + 16
+
+
+def poisson_arrivals_within(rate_rps: float, duration_s: float, rng: np.random.Generator) -> FloatArray:
+    """Poisson process: every arrival before ``duration_s`` (a count that is itself random, as an open-loop
+    benchmark step of a fixed length offers). The gaps are the same draws as ``poisson_arrivals``'s, so
+    both read the same schedule from the same seed."""
+    _check_common(rate_rps, 0)
+    if not (np.isfinite(duration_s) and duration_s >= 0):
+        raise ConfigError(f"duration_s must be a non-negative finite number, got {duration_s}")
+    parts: list[FloatArray] = []
+    last_s = 0.0
+    chunk = _draw_size(rate_rps, duration_s)
+    while True:
+        # the running sum starts from the last arrival, as one cumulative sum over all the gaps would
+        times_s = np.cumsum(np.concatenate(([last_s], rng.exponential(1.0 / rate_rps, size=chunk))))[1:]
+        inside = times_s[times_s < duration_s]
+        parts.append(inside)
+        if len(inside) < chunk:
+            return np.concatenate(parts).astype(np.float64, copy=False)
+        last_s = float(times_s[-1])
 
 
 def gamma_arrivals(rate_rps: float, n: int, rng: np.random.Generator, cv: float) -> FloatArray:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from benchmarks.hostile import clients
 from calroute.aio import run
+from calroute.proxy.config import ClientLimits
 from tests.proxy.fakes import FakeCluster, ProxyOnFakes
 
 
@@ -22,7 +23,9 @@ def test_garbage_heads_get_a_4xx_or_the_close(tmp_path: Path) -> None:
         # Short deadlines: a head cut short gets its 408 soon; so much as empty lines (only CRLFs, which
         # RFC 9112 2.2 lets a server skip before a request) are an idle connection, closed without an answer.
         async with ProxyOnFakes(
-            FakeCluster(1, 1), tmp_path, head_timeout_s=0.3, keepalive_timeout_s=0.3
+            FakeCluster(1, 1),
+            tmp_path,
+            client_limits=ClientLimits(head_timeout_s=0.3, keepalive_timeout_s=0.3),
         ) as p:
             tally = clients.Tally()
             stop_at = asyncio.get_running_loop().time() + 1.5

@@ -7,20 +7,23 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from calroute import aio
+from calroute.proxy.config import ClientLimits
 from calroute.proxy.http import server as server_mod
 from calroute.proxy.http.head import MAX_HEAD_BYTES
 from calroute.proxy.http.messages import Request, Response, Stream, json_response
-from calroute.proxy.http.server import Limits, Server
+from calroute.proxy.http.server import Server
 
 POST = b"POST /echo HTTP/1.1\r\nHost: x\r\n"
 GET = b"GET /echo HTTP/1.1\r\nHost: x\r\n"
 MAX_BODY = 1000
+LIMITS = ClientLimits(max_body_bytes=MAX_BODY)  # the others: the proxy's defaults
 TIMEOUT_S = 5.0
 
 
@@ -67,7 +70,7 @@ class App:
                 ("GET", "/boom"): self.boom,
                 ("GET", "/hang"): self.hang,
             },
-            MAX_BODY,
+            LIMITS,
         )
 
 
@@ -275,7 +278,7 @@ def test_a_client_that_leaves_cancels_its_handler(run: Runner) -> None:
 
 def test_an_idle_connection_is_closed(run: Runner) -> None:
     async def test(app: App, srv: Server, port: int) -> None:
-        srv.limits = Limits(keepalive_s=0.2)
+        srv.limits = replace(LIMITS, keepalive_timeout_s=0.2)
         async with connected(port, GET + b"\r\n") as (reader, _):
             assert (await read_response(reader))[0] == 200
             assert await asyncio.wait_for(reader.read(), 2.0) == b""
@@ -360,7 +363,7 @@ def cut(raw: bytes, how: str) -> list[bytes]:
 
 
 def serve(
-    pieces: list[bytes], limits: Limits | None = None, eof: bool = False
+    pieces: list[bytes], limits: ClientLimits = LIMITS, eof: bool = False
 ) -> tuple[list[Answer], list[Request], Wire]:
     """Feed ``pieces`` to one connection, letting handlers run after each (then, with ``eof``, shut the
     client's side); the answers written, the requests the handlers saw, the transport."""
@@ -372,7 +375,7 @@ def serve(
         return json_response({"body": request.body.decode()})
 
     async def main() -> Wire:
-        srv = Server({("POST", "/echo"): echo, ("GET", "/echo"): echo}, MAX_BODY, limits)
+        srv = Server({("POST", "/echo"): echo, ("GET", "/echo"): echo}, limits)
         conn = server_mod._Connection(srv)
         wire = Wire()
         conn.connection_made(wire)  # type: ignore[arg-type]
@@ -581,7 +584,7 @@ def test_reading_pauses_while_a_whole_request_waits_for_its_turn() -> None:
             await release.wait()
             return json_response({})
 
-        conn = server_mod._Connection(Server({("GET", "/slow"): slow}, MAX_BODY))
+        conn = server_mod._Connection(Server({("GET", "/slow"): slow}, LIMITS))
         wire = Wire()
         conn.connection_made(wire)  # type: ignore[arg-type]
         paused = []
@@ -626,10 +629,14 @@ def test_expect_continue(pieces: list[bytes], statuses: list[int]) -> None:
 
 # ---- deadlines, caps, half-close: what a hostile client can make the server wait for and hold ----------
 
-SHORT = Limits(head_timeout_s=0.1, body_timeout_s=0.1, body_min_rate_bytes_s=1000.0, keepalive_s=5.0)
+SHORT = replace(
+    LIMITS, head_timeout_s=0.1, body_timeout_s=0.1, body_min_rate_bytes_s=1000.0, keepalive_timeout_s=5.0
+)
 
 
-def timed(script: list[tuple[float, bytes]], limits: Limits = SHORT, wait_s: float = 0.3) -> list[Answer]:
+def timed(
+    script: list[tuple[float, bytes]], limits: ClientLimits = SHORT, wait_s: float = 0.3
+) -> list[Answer]:
     """Feed each piece after its delay to one connection (fake transport, real loop time), then wait
     ``wait_s``; the answers written."""
 
@@ -637,7 +644,7 @@ def timed(script: list[tuple[float, bytes]], limits: Limits = SHORT, wait_s: flo
         return json_response({"body": request.body.decode()})
 
     async def main() -> Wire:
-        srv = Server({("POST", "/echo"): echo, ("GET", "/echo"): echo}, MAX_BODY, limits)
+        srv = Server({("POST", "/echo"): echo, ("GET", "/echo"): echo}, limits)
         conn = server_mod._Connection(srv)
         wire = Wire()
         conn.connection_made(wire)  # type: ignore[arg-type]
@@ -732,7 +739,7 @@ def test_a_chunk_size_line_after_a_chunk_counts_from_its_own_start(zeros: int, s
 
 def test_past_the_connection_cap_a_new_connection_gets_503_and_is_closed() -> None:
     async def main() -> list[Wire]:
-        srv = Server({}, MAX_BODY, Limits(max_connections=2))
+        srv = Server({}, replace(LIMITS, max_client_connections=2))
         wires = [Wire() for _ in range(4)]
         conns = [server_mod._Connection(srv) for _ in wires]
         for conn, wire in zip(conns[:3], wires, strict=False):
@@ -757,7 +764,7 @@ def test_bodies_being_read_share_a_cap_and_let_it_go_when_done() -> None:
         async def echo(request: Request) -> Response:
             return json_response({"n": len(request.body)})
 
-        srv = Server({("POST", "/echo"): echo}, MAX_BODY, Limits(max_buffered_body_bytes=1500))
+        srv = Server({("POST", "/echo"): echo}, replace(LIMITS, max_buffered_body_bytes=1500))
         conns = [server_mod._Connection(srv) for _ in range(4)]
         wires = [Wire() for _ in conns]
         for conn, wire in zip(conns, wires, strict=True):

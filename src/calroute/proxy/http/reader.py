@@ -2,11 +2,11 @@
 bytes as they arrive; each request read whole, or the refusal that ends the reading, joins a queue that the
 connection answers in order. Every limit on a request as it is read is here. What it guarantees:
 
-- Every wait on a client for a request is bounded (``Limits``; docs/proxy.md, "Client limits"): a
-  request's head must end within ``head_timeout_s`` of its first byte, and its body arrive within
-  max(``body_timeout_s``, its length / ``body_min_rate_bytes_s``) of the head's end (a chunked body's
-  length: what has come so far), else 408. A timer is armed only once a head or body spans reads. A body
-  owed a 100 Continue is timed from the 100.
+- Every wait on a client for a request is bounded (``ClientLimits`` in proxy/config.py; docs/proxy.md,
+  "Client limits"): a request's head must end within ``head_timeout_s`` of its first byte, and its body
+  arrive within max(``body_timeout_s``, its length / ``body_min_rate_bytes_s``) of the head's end (a
+  chunked body's length: what has come so far), else 408. A timer is armed only once a head or body spans
+  reads. A body owed a 100 Continue is timed from the 100.
 - The bodies being read, across connections, hold at most ``max_buffered_body_bytes`` (the body that would
   cross it gets 503). Reading costs time linear in the bytes received however they are cut (the request
   line grows in place; body pieces are joined once; a head line and a chunk-size line are measured per
@@ -37,33 +37,17 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from dataclasses import dataclass
 from typing import Protocol
 
 import httptools
 
 from calroute.errors import CalrouteError
+from calroute.proxy.config import ClientLimits
 from calroute.proxy.http.head import MAX_LINE_BYTES, Headers, HeadMeter, HeadTooLarge
 from calroute.proxy.http.messages import ClientConnection, Request
 
 # Bytes of a chunked body that carry no body (chunk-size lines, extensions, trailers) in a row.
 MAX_CHUNK_OVERHEAD_BYTES = 64 * 1024
-KEEPALIVE_S = 75.0  # as aiohttp's and nginx's defaults: well past any client pool's own idle limit
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What one client may make the server wait for and hold (docs/proxy.md compares them with uvicorn's
-    and Envoy's)."""
-
-    head_timeout_s: float = 10.0  # from a request's first byte to the end of its head
-    # A body must arrive within max(body_timeout_s, its length / body_min_rate_bytes_s) of its head's end (a
-    # chunked body's length: what has arrived so far, so one that keeps up the rate goes on).
-    body_timeout_s: float = 10.0
-    body_min_rate_bytes_s: float = 64 * 1024
-    keepalive_s: float = KEEPALIVE_S  # an idle connection, between requests
-    max_connections: int = 1024  # past it, a new connection gets a 503 and is closed
-    max_buffered_body_bytes: int = 64 * 1024 * 1024  # bodies being read, all connections together
 
 
 class _Refusal(CalrouteError):
@@ -85,10 +69,9 @@ def _unreadable(e: httptools.HttpParserError) -> _Refusal:
 
 
 class BodyBudget(Protocol):
-    """What every connection's reader shares (the server): the body cap, the limits, the bytes being read."""
+    """What every connection's reader shares (the server): the limits, the bytes being read."""
 
-    max_body_bytes: int
-    limits: Limits
+    limits: ClientLimits
     buffered_body_bytes: int
 
 
@@ -101,8 +84,8 @@ class RequestReader:
         self._conn = conn  # what each request answers through
         # One look-up per connection: on Python 3.11 every get_running_loop() is a getpid() system call.
         self._loop = asyncio.get_running_loop()
-        self._max_body = budget.max_body_bytes
         self._limits = budget.limits
+        self._max_body = budget.limits.max_body_bytes
         self._parser = httptools.HttpRequestParser(self)
         self._meter = HeadMeter()
         self._queue: deque[Request | _Refusal] = deque()  # read, not yet answered

@@ -3,7 +3,7 @@
 The router reads every engine's /metrics 20 times a second, so a poll must cost little: it goes through
 the proxy's own HTTP/1.1 client (client.py), on a connection of its own, apart from client traffic (a
 pool shared with a 20 Hz poll never lets the connections of a past burst expire). An answer is read up
-to ``max_bytes`` (4 MiB by default, ProxyConfig.max_probe_bytes): an engine that answers without end costs
+to ``max_bytes`` (4 MiB by default, AnswerLimits.max_probe_bytes): an engine that answers without end costs
 a failed poll, not the proxy's memory.
 """
 

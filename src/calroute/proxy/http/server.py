@@ -8,8 +8,8 @@ server"). This file is the connection's life and its answers; what it guarantees
 
 - HTTP/1.1 and 1.0, keep-alive (1.1's default, 1.0's on request), pipelined requests answered in order
   (read ahead while an answer is under way; reading pauses once a whole request waits); an idle
-  connection is closed after ``Limits.keepalive_s`` (KEEPALIVE_S), with no answer.
-- Past ``max_connections`` a new connection gets a 503 and is closed before anything is read (the other
+  connection is closed after ``keepalive_timeout_s`` (ClientLimits, proxy/config.py), with no answer.
+- Past ``max_client_connections`` a new connection gets a 503 and is closed before anything is read (the other
   limits: reader.py; docs/proxy.md, "Client limits").
 - A client that shuts its side (a half-close) gets the answers to the requests it sent whole, then the
   close; a request cut short by it gets 400. A half-close and a close look alike until the server writes:
@@ -34,11 +34,12 @@ import time
 from collections.abc import Mapping
 from typing import cast
 
+from calroute.proxy.config import ClientLimits
 from calroute.proxy.http.head import status_line
 from calroute.proxy.http.messages import Handler, Request, Response, Stream, json_error
-from calroute.proxy.http.reader import KEEPALIVE_S, Limits, RequestReader, _Refusal
+from calroute.proxy.http.reader import RequestReader, _Refusal
 
-__all__ = ["KEEPALIVE_S", "Limits", "Server"]
+__all__ = ["Server"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ class _Connection(RequestReader, asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         server = self._server
-        if len(server.connections) >= self._limits.max_connections:
+        if len(server.connections) >= self._limits.max_client_connections:
             # Answered, not just closed: the client learns why, and that it may try again.
             self.keep_alive = self._reading = False
             message = f"the proxy has {len(server.connections)} client connections open, its limit"
@@ -246,7 +247,7 @@ class _Connection(RequestReader, asyncio.Protocol):
     def _arm_idle(self) -> None:
         if self._idle is not None:
             self._idle.cancel()
-        self._idle = self._loop.call_later(self._limits.keepalive_s, self._close)
+        self._idle = self._loop.call_later(self._limits.keepalive_timeout_s, self._close)
 
     def _close(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -256,13 +257,10 @@ class _Connection(RequestReader, asyncio.Protocol):
 class Server:
     """Routes: exact paths, each with the methods it takes."""
 
-    def __init__(
-        self, routes: Mapping[tuple[str, str], Handler], max_body_bytes: int, limits: Limits | None = None
-    ) -> None:
+    def __init__(self, routes: Mapping[tuple[str, str], Handler], limits: ClientLimits) -> None:
         self._routes = dict(routes)
         self._paths = {path for _, path in routes}
-        self.max_body_bytes = max_body_bytes
-        self.limits = limits or Limits()
+        self.limits = limits
         self.connections: set[_Connection] = set()
         self.buffered_body_bytes = 0  # of requests being read, on every connection
         self._server: asyncio.Server | None = None

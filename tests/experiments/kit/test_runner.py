@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from calroute.experiments.cells import Cell, CellResult, Run, SaturationQuery
-from calroute.experiments.runner import Scale, run_experiment
+from calroute.experiments.kit.cells import Cell, CellResult, Run, SaturationQuery
+from calroute.experiments.kit.paths import REPO
+from calroute.experiments.kit.runner import Scale, run_experiment
 from calroute.results.metrics import RunSummary
 from calroute.routing.variant import Variant
 
@@ -109,3 +111,14 @@ def test_a_policy_is_searched_with_the_parameters_of_its_variant(tmp_path: Path)
     # defaults keep the key saved before parameters could be given; parameters get their own
     assert by_policy["least_loaded"].key == "2P4D:chat:least_loaded"
     assert by_policy["marginal_cost"].key.startswith("2P4D:chat:marginal_cost:params=")
+
+
+def test_the_manifest_records_no_absolute_path(tmp_path: Path) -> None:
+    trace = REPO / "data" / "traces" / "mooncake_fast25" / "synthetic_trace.jsonl"
+    cell = Cell("c", 2, 4, str(trace), (Variant("round_robin", "round_robin"),), rate_rps=1.0)
+    out = tmp_path / "out"
+    run_experiment(OneCell(cell), FakeBackend(), False, out, extra_manifest={"out": str(out)})
+    text = (out / "one" / "manifest.json").read_text()
+    assert str(tmp_path) not in text and str(REPO) not in text
+    manifest = json.loads(text)
+    assert manifest["out"] == ".." and manifest["cells"][0]["workload"] == str(trace.relative_to(REPO))

@@ -1,7 +1,7 @@
 """The live backend's saturation search: seeded by the calibrated simulator, probing through the live runner.
 
 Only the live run itself is replaced, by a goodput curve, so the search's wiring is tested without engines;
-the live runs themselves are covered by tests/test_cli_run.py.
+the live runs themselves are covered by tests/cli/test_run.py.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile
-from calroute.experiments import live
-from calroute.experiments.backends import SimBackend
-from calroute.experiments.cells import SaturationQuery
-from calroute.experiments.live import LiveBackend
+from calroute.experiments.kit import live_backend as live
+from calroute.experiments.kit.cells import SaturationQuery
+from calroute.experiments.kit.live_backend import LiveBackend
+from calroute.experiments.kit.sim_backend import SimBackend
 from calroute.harness.live import LiveRun, LiveSetup
 from calroute.results.metrics import RunSummary
 from calroute.routing.variant import Variant

@@ -9,16 +9,50 @@ from __future__ import annotations
 
 import datetime
 import json
-import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from calroute.costmodel.slo import PAPER, PRESETS, SloSpec
-from calroute.experiments.backends import Backend, ManySaturations
-from calroute.experiments.base import Experiment
-from calroute.experiments.cells import Cell, CellResult, Run, SaturationQuery
+from calroute.experiments.kit.cells import Cell, CellResult, Experiment, Run, SaturationQuery
+from calroute.experiments.kit.paths import REPO, recorded_paths
+from calroute.results.provenance import git_commit
+
+
+class Backend(Protocol):
+    name: str
+
+    def saturation_rate(self, query: SaturationQuery) -> float:
+        """The rate at which the query's policy's goodput crosses 0.85 on its setup."""
+        ...
+
+    def run_cell(
+        self,
+        cell: Cell,
+        rate_rps: float,
+        seeds: Sequence[int],
+        requests: int,
+        records_dir: Path,
+        on_run: Callable[[Run], None],
+    ) -> list[Run]:
+        """Every variant on every seed (a seed's requests are the same for every variant); records of a run go
+        to ``records_dir / f"{label}-seed{seed}.jsonl"``."""
+        ...
+
+
+@runtime_checkable
+class ManySaturations(Protocol):
+    """A backend that can run several saturation searches at once (the simulator, on its executor's
+    workers). The live backends cannot: they run one cluster at a time."""
+
+    def saturation_rates(
+        self,
+        queries: Sequence[SaturationQuery],
+        on_rate: Callable[[SaturationQuery, float], None] = ...,
+    ) -> list[float]:
+        """Each query's rate, as ``Backend.saturation_rate`` would give it; ``on_rate`` as each ends."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -31,16 +65,6 @@ def scale_for(backend: str, quick: bool) -> Scale:
     if backend == "sim":
         return Scale(300, (0,)) if quick else Scale(4000, (0, 1, 2))
     return Scale(120, (0,)) if quick else Scale(800, (0, 1, 2))
-
-
-def git_commit(repo: Path) -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() or None
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -86,13 +110,14 @@ def run_experiment(
         "backend": backend.name,
         "quick": quick,
         "scale": asdict(scale),
-        "git_commit": git_commit(Path(__file__).resolve().parents[3]),
+        "git_commit": git_commit(REPO),
         "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "cells": [asdict(c) for c in cells],
         "slo": slo.definition(),
         **(extra_manifest or {}),
     }
-    _write_json(exp_dir / "manifest.json", manifest)
+    # paths relative to the experiment's folder or the repository (kit/paths.py): no machine's in it
+    _write_json(exp_dir / "manifest.json", recorded_paths(manifest, exp_dir))
     sat_path = exp_dir / "saturation.json"
     saturation: dict[str, float] = json.loads(sat_path.read_text()) if sat_path.exists() else {}
     commit = manifest["git_commit"]

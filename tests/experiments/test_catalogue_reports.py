@@ -1,13 +1,14 @@
-"""`calroute report DIR` from saved results alone: each experiment's own section is refreshed with the
-combined report, and both read the paired column by the statistics rule."""
+"""The catalogue's report sections from saved results alone: `calroute report DIR` refreshes each
+experiment's own section with the combined report, and both read the paired column by the statistics rule."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from calroute.experiments.cells import CellResult, Run
-from calroute.experiments.report import PAIRED_NOTE, write_report
+from calroute.experiments import EXPERIMENTS
+from calroute.experiments.kit.cells import CellResult, Run
+from calroute.experiments.kit.report import PAIRED_NOTE, write_report
 from calroute.results.metrics import RunSummary
 
 
@@ -35,7 +36,7 @@ def test_the_report_refreshes_each_section_with_intervals_and_what_would_resolve
             "marginal_cost": [0.846, 0.849, 0.816],  # behind on two, ahead on one: within noise
         },
     )
-    combined = write_report(tmp_path).read_text()
+    combined = write_report(tmp_path, EXPERIMENTS).read_text()
     section = (exp_dir / "report.md").read_text()
     assert "an old section" not in section
     assert section in combined and PAIRED_NOTE in combined
@@ -52,8 +53,6 @@ def _cell(key: str, goodputs: dict[str, list[float]]) -> CellResult:
 
 
 def test_the_ablation_summary_gives_each_change_its_interval(tmp_path: Path) -> None:
-    from calroute.experiments import EXPERIMENTS
-
     cell = _cell(
         "saturated",
         {
@@ -68,8 +67,6 @@ def test_the_ablation_summary_gives_each_change_its_interval(tmp_path: Path) -> 
 
 
 def test_the_failure_regions_summary_pairs_ours_with_the_best_baseline(tmp_path: Path) -> None:
-    from calroute.experiments import EXPERIMENTS
-
     cell = _cell(
         "mixed-bursty",
         {

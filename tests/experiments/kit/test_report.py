@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from calroute.experiments.base import goodput_table, latency_cdfs, paired_gap
-from calroute.experiments.cells import CellResult, Run
+from calroute.experiments.kit.cells import CellResult, Run
+from calroute.experiments.kit.report import goodput_table, latency_cdfs, paired_gap
 from calroute.results.metrics import RunSummary
 
 

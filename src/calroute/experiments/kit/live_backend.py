@@ -17,14 +17,13 @@ from calroute.cluster.file import ClusterFile
 from calroute.costmodel.calibration import Calibration
 from calroute.costmodel.slo import PAPER, PRESETS, SloSpec, with_slo
 from calroute.errors import ConfigError
-from calroute.experiments.cells import Cell, Run, SaturationQuery
-from calroute.experiments.saturation import find_saturation
+from calroute.experiments.kit.cells import Cell, Run, SaturationQuery
+from calroute.experiments.kit.paths import REPO, portable_workload
+from calroute.experiments.kit.saturation import find_saturation
 from calroute.harness.gates import require_gates
 from calroute.harness.live import LiveSetup, run_variant
 from calroute.routing.variant import Variant
 from calroute.workload.source import workload_source
-
-REPO = Path(__file__).resolve().parents[3]
 
 
 def _calibrate(
@@ -99,7 +98,8 @@ class LiveBackend:
         run_dir: Path,
         trace_windows: int = 1,
     ) -> Run:
-        reqs = workload_source(workload, requests, trace_windows=trace_windows).requests(rate, seed)
+        source = workload_source(portable_workload(workload), requests, trace_windows=trace_windows)
+        reqs = source.requests(rate, seed)
         live = run_variant(setup, variant, reqs, run_dir, seed=seed)
         if not live.valid:
             self.progress(
@@ -110,7 +110,7 @@ class LiveBackend:
 
     def saturation_rate(self, query: SaturationQuery) -> float:
         from calroute.costmodel.profiles import profile_from_calibration
-        from calroute.experiments.backends import SimBackend
+        from calroute.experiments.kit.sim_backend import SimBackend
 
         q = query
         setup = self.setup_for(q.prefill, q.decode)

@@ -1,35 +1,24 @@
-"""The experiment contract and the Markdown/plot helpers every experiment's report shares."""
+"""The report: the Markdown tables and plots every experiment's section is made of, and `calroute report
+DIR`, every experiment's section regenerated from its saved results in one file (and in each experiment's
+own report.md, so the two never disagree)."""
 
 from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
 
 from calroute.costmodel.calibration import Calibration, SloTargets
 from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile
-from calroute.costmodel.slo import SloSpec
-from calroute.experiments.cells import Cell, CellResult
+from calroute.costmodel.slo import SloSpec, describe_slo
+from calroute.errors import ConfigError
+from calroute.experiments.kit.cells import CellResult, Experiment
+from calroute.experiments.kit.runner import scale_for
 from calroute.report import plots
 from calroute.results.records import read_records
 from calroute.results.stats import paired_difference
 from calroute.types import RequestStatus
-
-
-class Experiment(Protocol):
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def title(self) -> str: ...
-
-    def cells(self, quick: bool) -> list[Cell]: ...
-
-    def report(self, results: list[CellResult], exp_dir: Path) -> str:
-        """Markdown for the report (plots are written into ``exp_dir``)."""
-        ...
 
 
 def fmt(x: float | None, digits: int = 3) -> str:
@@ -176,3 +165,70 @@ def latency_cdfs(
             tpot_target_s,
         ),
     ]
+
+
+PAIRED_NOTE = (
+    '"vs best, paired": the variant minus the cell\'s best variant in goodput points, paired by seed '
+    "(the same arrival trace): the mean, its 95 % bootstrap interval, n, and a win or loss only where the "
+    'interval excludes zero, else "within noise"; there, "needs n = K" is how many traces would give an '
+    "interval narrower than a gap of that size and spread (results/stats.py). With 3 seeds the interval is "
+    "the range of the three differences: a loss means behind on every trace."
+)
+
+
+def write_report(directory: Path, experiments: Mapping[str, Experiment]) -> Path:
+    """The report of every experiment of ``experiments`` (the catalogue's registry) with results under
+    ``directory``."""
+    if not directory.is_dir():
+        raise ConfigError(f"no results directory {directory}")
+    sections = []
+    for name, exp in experiments.items():
+        exp_dir = directory / name
+        results_path = exp_dir / "results.json"
+        if not results_path.exists():
+            continue
+        results = [CellResult.from_dict(d) for d in json.loads(results_path.read_text())]
+        manifest = json.loads((exp_dir / "manifest.json").read_text())
+        backend = manifest["backend"]
+        command = f"calroute experiment {name} --backend {backend}{' --quick' if manifest['quick'] else ''}"
+        default = scale_for(backend, manifest["quick"])
+        if manifest["scale"]["requests"] != default.requests:
+            command += f" --requests {manifest['scale']['requests']}"
+        if len(manifest["scale"]["seeds"]) != len(default.seeds):
+            command += f" --seeds {len(manifest['scale']['seeds'])}"
+        if manifest.get("time_scale", 1.0) != 1.0:
+            command += f" --time-scale {manifest['time_scale']:g}"
+        if manifest.get("saturation", "live") != "live":
+            command += f" --saturation {manifest['saturation']}"
+        slo_name = (manifest.get("slo") or {}).get("name", "paper")
+        slo_note = ""
+        if slo_name != "paper":
+            command += f" --slo {slo_name}"
+            # on a live backend each shape's calibration resolves the spec: the first cell's is shown
+            first = manifest["cells"][0]
+            shape = f"{first['prefill']}P{first['decode']}D"
+            slo_note = f"SLO `{slo_name}` ({shape}): {describe_slo(judged_slo(exp_dir, shape))}.\n"
+        section = exp.report(results, exp_dir)
+        (exp_dir / "report.md").write_text(section)
+        # The --out given, as typed; one given as an absolute path is recorded relative to the experiment's
+        # folder (kit/paths.py), so the command names where the results are now.
+        out = manifest.get("out")
+        if out is None or out.startswith(".."):
+            out = directory.parent
+        sections.append(
+            section + f"\n{slo_note}Command: `{command} --out {out}`; "
+            f"commit {manifest.get('git_commit') or '-'}; "
+            f"{manifest['scale']['requests']} requests per run, seeds {manifest['scale']['seeds']}.\n"
+        )
+    if not sections:
+        raise ConfigError(f"no experiment results under {directory}")
+    path = directory / "report.md"
+    path.write_text(
+        f"# calroute experiments ({directory.name})\n\nThe paper's experiments (shared/reference/"
+        "paper-notes.md section 4) with the paper's figures beside ours where it gives them. Goodput: the "
+        "fraction of requests meeting both SLO targets of their class; the best mean per cell is in bold. "
+        + PAIRED_NOTE
+        + "\n\n"
+        + "\n".join(sections)
+    )
+    return path

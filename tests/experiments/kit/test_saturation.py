@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from calroute.errors import ConfigError
-from calroute.experiments.saturation import find_saturation
+from calroute.experiments.kit.saturation import find_saturation
 
 
 @pytest.mark.parametrize("knee", [0.3, 2.0, 17.0, 250.0])

@@ -4,7 +4,7 @@ variant's own on top, the other policies untouched."""
 from __future__ import annotations
 
 from calroute.experiments import get_experiment
-from calroute.experiments.with_params import WithParams, experiment_policies
+from calroute.experiments.kit.params_files import WithParams, experiment_policies
 
 
 def test_the_files_parameters_start_each_variant_of_its_policy() -> None:

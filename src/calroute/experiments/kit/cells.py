@@ -1,12 +1,14 @@
-"""What an experiment runs: cells (one cluster, one workload, several policy variants, at one rate) and
-their results, serializable so a killed experiment resumes where it stopped."""
+"""What an experiment is: a name, a title, its cells (one cluster, one workload, several policy variants, at
+one rate) and a report of their results; the results serializable so a killed experiment resumes where it
+stopped."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from calroute.results.metrics import RunSummary
 from calroute.routing.variant import Variant
@@ -111,3 +113,17 @@ class CellResult:
 
     def seeds(self) -> list[int]:
         return sorted({r.seed for r in self.runs})
+
+
+class Experiment(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def title(self) -> str: ...
+
+    def cells(self, quick: bool) -> list[Cell]: ...
+
+    def report(self, results: list[CellResult], exp_dir: Path) -> str:
+        """Markdown for the report (plots are written into ``exp_dir``)."""
+        ...

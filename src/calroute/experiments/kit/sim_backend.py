@@ -1,0 +1,329 @@
+"""The simulator as a backend: one simulated run (records streamed to disk), a saturation search, a plain
+comparison of policies over seeds (`calroute simulate`), and an experiment's cells, on an executor's
+workers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from calroute.costmodel.calibration import Calibration, mismatched
+from calroute.costmodel.profiles import HardwareProfile
+from calroute.costmodel.slo import PAPER, PRESETS, SloSpec, with_slo
+from calroute.errors import ConfigError
+from calroute.executors import Executor
+from calroute.executors.local import LocalExecutor
+from calroute.experiments.kit.cells import Cell, Run, SaturationQuery
+from calroute.experiments.kit.paths import portable_workload
+from calroute.experiments.kit.saturation import Probe, SaturationResult, find_saturation
+from calroute.results.metrics import RunSink, RunSummary, SummaryAccumulator
+from calroute.results.records import RecordWriter
+from calroute.routing.build import build_router
+from calroute.routing.ledger import Ledger
+from calroute.routing.prefix_index import PrefixIndex
+from calroute.routing.seeds import RouterSeeds
+from calroute.routing.variant import Variant
+from calroute.sim.simulator import ClusterShape, ClusterSim, SimStats
+from calroute.types import PREFIX_BLOCK_TOKENS, RequestSpec
+from calroute.workload.source import WorkloadSource, workload_source
+
+PREFIX_SOURCES = ("approximate", "precise")
+
+
+@dataclass(frozen=True)
+class SimSetup:
+    """Everything but the policy, the seed and the requests."""
+
+    profile: HardwareProfile
+    shape: ClusterShape
+    router_calibration: Calibration  # what the policy prices with; the profile is what the hardware does
+    predictor: str = "bucket"
+    predictor_noise: float = 0.0
+    policy_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    sample_interval_s: float = 0.05
+    online_calibration: bool = False  # refit the router's constants from completed requests as they come
+    # Where the router's prefix index learns what each engine caches (docs/prefix.md): "approximate", its
+    # own placements; "precise", the engines' KV events, heard kv_event_delay_s late.
+    prefix_source: str = "approximate"
+    kv_event_delay_s: float = 0.01
+
+    def __post_init__(self) -> None:
+        if self.prefix_source not in PREFIX_SOURCES:
+            raise ConfigError(
+                f"unknown prefix source {self.prefix_source!r}; known: {', '.join(PREFIX_SOURCES)}"
+            )
+
+
+@dataclass(frozen=True)
+class RunResult:
+    policy: str
+    seed: int
+    rate_rps: float | None
+    summary: RunSummary
+    stats: SimStats
+    records_path: Path | None
+
+
+def simulate_run(
+    setup: SimSetup,
+    policy: str,
+    requests: Sequence[RequestSpec],
+    seed: int,
+    rate_rps: float | None = None,
+    records_path: Path | None = None,
+    label: str | None = None,
+) -> RunResult:
+    """One simulated run. With ``records_path``, every record is streamed to that JSONL file; ``label``
+    names the run in its records (default: the policy)."""
+    instances = setup.shape.instances(setup.profile.limits.kv_capacity_tokens)
+    # Only prompts with block ids can hit; without any, the index would answer nothing, at a cost.
+    prefix = PrefixIndex(instances, PREFIX_BLOCK_TOKENS) if any(r.prefix_blocks for r in requests) else None
+    precise = prefix is not None and setup.prefix_source == "precise"
+    router = build_router(
+        policy,
+        setup.policy_params.get(policy, {}),
+        setup.router_calibration,
+        Ledger(instances, setup.router_calibration),
+        seeds=RouterSeeds.of_run(seed),
+        predictor=setup.predictor,
+        predictor_noise=setup.predictor_noise,
+        online_calibration=setup.online_calibration,
+        prefix=prefix,
+        record_placements=not precise,
+    )
+    sim = ClusterSim(
+        setup.profile,
+        setup.shape,
+        router,
+        label or policy,
+        setup.sample_interval_s,
+        kv_event_delay_s=setup.kv_event_delay_s if precise else None,
+    )
+    acc = SummaryAccumulator(setup.profile.calibration.slo)
+    with ExitStack() as stack:
+        writer = None
+        if records_path is not None:
+            records_path.parent.mkdir(parents=True, exist_ok=True)
+            writer = RecordWriter(stack.enter_context(records_path.open("w")), flush_every=1024)
+        sink = RunSink(acc, writer)
+        stats = sim.run(requests, sink)
+    return RunResult(policy, seed, rate_rps, acc.summary(), stats, records_path)
+
+
+def compare(
+    setup: SimSetup,
+    workload: WorkloadSource,
+    policies: Sequence[str],
+    seeds: Sequence[int],
+    rate_rps: float | None,
+    records_dir: Path | None = None,
+    on_run: Callable[[Run], None] = lambda run: None,
+) -> list[Run]:
+    """Every policy on every seed, in this process (`calroute simulate`); a seed's requests are made once and
+    are the same for every policy. Records go where a backend's ``run_cell`` puts them: ``records_dir /
+    f"{policy}-seed{seed}.jsonl"``."""
+    runs = []
+    for seed in seeds:
+        requests = workload.requests(rate_rps, seed)
+        for policy in policies:
+            path = None if records_dir is None else records_dir / f"{policy}-seed{seed}.jsonl"
+            r = simulate_run(setup, policy, requests, seed, rate_rps, path)
+            runs.append(Run(policy, seed, r.summary))
+            on_run(runs[-1])
+    return runs
+
+
+@dataclass(frozen=True)
+class SeedProbe:
+    """One seed of a saturation probe: self-contained, for an executor's worker."""
+
+    setup: SimSetup
+    workload: WorkloadSource
+    policy: str
+    rate_rps: float
+    seed: int
+
+
+def probe_goodput(p: SeedProbe) -> float:
+    return simulate_run(
+        p.setup, p.policy, p.workload.requests(p.rate_rps, p.seed), p.seed, p.rate_rps
+    ).summary.goodput
+
+
+def saturate(
+    setup: SimSetup,
+    workload: WorkloadSource,
+    target: float = 0.85,
+    reference_policy: str = "round_robin",
+    seeds: Sequence[int] = (0,),
+    on_probe: Callable[[Probe], None] | None = None,
+    executor: Executor | None = None,
+) -> SaturationResult:
+    """The rate at which ``reference_policy``'s goodput, averaged over ``seeds``, crosses ``target``.
+
+    Averaging over the seeds a comparison will run matters for bursty workloads and short runs, where one
+    trace's calm stretch would otherwise set the rate for all of them. With ``executor``, a probe's seeds
+    run on its workers (the probes themselves depend on each other, so they run one after the other).
+    """
+    runner = executor or LocalExecutor(1)
+
+    def measure(rate: float) -> float:
+        goodputs = runner.map(
+            probe_goodput, [SeedProbe(setup, workload, reference_policy, rate, s) for s in seeds]
+        )
+        return sum(goodputs) / len(goodputs)
+
+    return find_saturation(measure, target=target, on_probe=on_probe)
+
+
+def router_calibration(variant: Variant, hardware: Calibration) -> Calibration:
+    if variant.router == "calibrated":
+        return hardware
+    if variant.router in ("mismatched", "online"):
+        return mismatched(hardware)
+    raise ConfigError(f"unknown router constants {variant.router!r}: calibrated, mismatched or online")
+
+
+SATURATION_SEEDS = (0, 1, 2)  # the simulator is cheap: saturate on the mean of three traces
+
+
+def sim_setup(profile: HardwareProfile, prefill: int, decode: int, variant: Variant) -> SimSetup:
+    return SimSetup(
+        profile=profile,
+        shape=ClusterShape(prefill, decode),
+        router_calibration=router_calibration(variant, profile.calibration),
+        predictor=variant.predictor,
+        predictor_noise=variant.predictor_noise,
+        policy_params={variant.policy: variant.params},
+        online_calibration=variant.router == "online",
+    )
+
+
+@dataclass(frozen=True)
+class SimRun:
+    """One simulated run of a cell, self-contained so that any executor's worker makes the same run: the
+    requests are regenerated from the workload, rate and seed (cheaper than shipping them)."""
+
+    profile: HardwareProfile
+    prefill: int
+    decode: int
+    workload: str
+    trace_windows: int
+    requests: int
+    rate_rps: float
+    seed: int
+    variant: Variant
+    records_path: Path
+
+
+def run_sim(item: SimRun) -> Run:
+    source = workload_source(item.workload, item.requests, trace_windows=item.trace_windows)
+    v = item.variant
+    setup = sim_setup(item.profile, item.prefill, item.decode, v)
+    result = simulate_run(
+        setup,
+        v.policy,
+        source.requests(item.rate_rps, item.seed),
+        item.seed,
+        item.rate_rps,
+        records_path=item.records_path,
+        label=v.label,
+    )
+    return Run(v.label, item.seed, result.summary)
+
+
+@dataclass(frozen=True)
+class SimSaturation:
+    profile: HardwareProfile
+    query: SaturationQuery
+
+
+def saturate_sim(item: SimSaturation, executor: Executor | None = None) -> SaturationResult:
+    """A saturation search on the simulator; with ``executor``, each probe's seeds run on it."""
+    q = item.query
+    return saturate(
+        sim_setup(item.profile, q.prefill, q.decode, Variant(q.policy, q.policy, dict(q.params))),
+        workload_source(q.workload, q.requests, trace_windows=q.trace_windows),
+        reference_policy=q.policy,
+        seeds=SATURATION_SEEDS,
+        executor=executor,
+    )
+
+
+def saturation_rate_sim(item: SimSaturation) -> float:
+    return saturate_sim(item).rate_rps
+
+
+class SimBackend:
+    """The simulator. Its runs and saturation searches go through ``executor`` (default: inline, in this
+    process); every executor gives the same results, each item carrying its own seed."""
+
+    name = "sim"
+
+    def __init__(
+        self, profile: HardwareProfile, slo: SloSpec = PRESETS[PAPER], executor: Executor | None = None
+    ) -> None:
+        # The runs judge by the spec's targets, resolved on the simulated hardware (the profile's tau_pre).
+        self.profile = (
+            profile if slo.is_paper else replace(profile, calibration=with_slo(profile.calibration, slo))
+        )
+        self.executor = executor or LocalExecutor(1)
+
+    def saturation_rate(self, query: SaturationQuery) -> float:
+        return self.saturation(query).rate_rps
+
+    def saturation(self, q: SaturationQuery) -> SaturationResult:
+        item = SimSaturation(self.profile, replace(q, workload=portable_workload(q.workload)))
+        return saturate_sim(item, self.executor)
+
+    def saturation_rates(
+        self,
+        queries: Sequence[SaturationQuery],
+        on_rate: Callable[[SaturationQuery, float], None] = lambda q, rate: None,
+    ) -> list[float]:
+        """Several searches at once: one search per worker when there are enough of them to go round,
+        else one after the other with each probe's seeds spread over the workers (a search's probes
+        depend on each other, its seeds do not). Either way each rate is the same."""
+        if len(queries) < self.executor.workers:
+            rates = []
+            for q in queries:
+                rates.append(self.saturation_rate(q))
+                on_rate(q, rates[-1])
+            return rates
+        items = [
+            SimSaturation(self.profile, replace(q, workload=portable_workload(q.workload))) for q in queries
+        ]
+        return self.executor.map(
+            saturation_rate_sim, items, on_result=lambda i, rate: on_rate(queries[i], rate)
+        )
+
+    def run_cell(
+        self,
+        cell: Cell,
+        rate_rps: float,
+        seeds: Sequence[int],
+        requests: int,
+        records_dir: Path,
+        on_run: Callable[[Run], None],
+    ) -> list[Run]:
+        workload = portable_workload(cell.workload)
+        items = [
+            SimRun(
+                self.profile,
+                cell.prefill,
+                cell.decode,
+                workload,
+                cell.trace_windows,
+                requests,
+                rate_rps,
+                seed,
+                v,
+                records_dir / f"{v.label}-seed{seed}.jsonl",
+            )
+            for seed in seeds
+            for v in cell.variants
+        ]
+        return self.executor.map(run_sim, items, on_result=lambda i, run: on_run(run))
