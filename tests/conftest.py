@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 # (it checks the prefill engine's KV usage drains to 0), the calibration, then the proxy's tests, whose last
 # one kills the decode engine. Within a file the order is unchanged. A test marks itself with `real_vllm`
 # (or requests the fixture).
-REAL_VLLM_ORDER = ("tests/emulator/", "tests/calibrate/", "tests/proxy/")
+REAL_VLLM_ORDER = ("tests/emulator/", "tests/calibrate/", "tests/tokenizer/", "tests/proxy/")
 
 
 def make_state(instance_id: str = "decode-0", role: Role = Role.DECODE, **kw: Any) -> InstanceState:

@@ -1,6 +1,7 @@
-"""`calroute demo` compares like with like: the simulator runs the live traces, no more and no fewer, and
-its report says what one trace cannot resolve. The cluster, gates, calibration and live runs are faked here
-(tests/harness and tests/experiments test them); the simulator is real."""
+"""`calroute demo` compares like with like: the simulator runs the live traces (and ten for intervals, in a
+table of their own), and its report says in so many words what the comparison shows, calling no difference
+of one trace a win. The cluster, gates, calibration and live runs are faked here (tests/harness and
+tests/experiments test them); the simulator is real."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from calroute.cli import demo
 from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile
-from calroute.experiments.cells import Cell, CellResult, Run
+from calroute.experiments.kit.cells import Cell, CellResult, Run
 from calroute.results.metrics import RunSummary
 
 
@@ -71,15 +72,23 @@ def test_the_simulator_runs_the_live_traces(faked: None, tmp_path: Path, live_se
     expected = [f"seed {s}" for s in range(live_seeds)]
     assert _Live.asked == [tuple(range(live_seeds))]
     assert _table_seeds(report, "## Live") == expected
-    assert _table_seeds(report, "## Calibrated simulator") == expected
+    assert _table_seeds(report, "## Calibrated simulator (the same seeds") == expected
+    assert _table_seeds(report, "## Calibrated simulator, 10 traces") == [f"seed {s}" for s in range(10)]
     assert (tmp_path / "goodput.png").stat().st_size > 1000
-    one_trace = "One trace gives no interval, so no difference above is a win or a loss."
-    assert (one_trace in report) == (live_seeds == 1)
+    finding = report.split("\n\n")[1]
+    assert finding.startswith(
+        f"Live, {'one trace (seed 0)' if live_seeds == 1 else '2 traces (seeds [0, 1])'} of shared-prefix"
+    )
+    assert "On the calibrated simulator, 10 traces at the same rate: marginal_cost" in finding
+    one_trace = "(one trace: no interval, so neither difference is called a win)"
+    assert (one_trace in finding) == (live_seeds == 1)
+    assert ("(n = 1)" in finding) == (live_seeds == 1)  # the live differences, as paired_gap gives them
 
 
 def test_a_report_of_unmatched_traces_is_refused(tmp_path: Path) -> None:
     summary = RunSummary(100, 100, 90, 0.9, 0.1, 0.3, 0.01, 0.011, 10.0, 9.0, {})
-    live = CellResult("2P4D", "emulated", 15.0, (Run("marginal_cost", 0, summary),))
-    sim = CellResult("2P4D", "sim", 15.0, tuple(Run("marginal_cost", s, summary) for s in (0, 1, 2)))
-    with pytest.raises(ValueError, match=r"live seeds \[0\] and simulated seeds \[0, 1, 2\] differ"):
-        demo._write_report(tmp_path, {}, live, sim, 0.115, 0.022)
+    live = CellResult("sp", "emulated", 15.0, tuple(Run("marginal_cost", s, summary) for s in (0, 1)))
+    sim = CellResult("sp", "sim", 15.0, (Run("marginal_cost", 0, summary),))
+    slo = get_profile(DEFAULT_PROFILE).calibration.slo
+    with pytest.raises(ValueError, match=r"live seeds \[0, 1\] are not all among the simulated seeds \[0\]"):
+        demo._write_report(tmp_path, {}, live, sim, slo, "")
