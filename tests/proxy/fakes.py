@@ -27,6 +27,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from calroute.cluster.file import ClusterFile
+from calroute.contract.tokenizer import Tokenizer
 from calroute.emulator.api import EmulatorTokenizer
 from calroute.proxy.app import Proxy
 from calroute.proxy.config import ProxyConfig
@@ -477,6 +478,9 @@ async def read_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
     return int(status_line.split()[1]), headers
 
 
+EMULATOR = EmulatorTokenizer()
+
+
 class ProxyOnFakes:
     """A whole proxy (Proxy: server, router, ledger, signals, metrics, generation) serving on loopback,
     with fake engines behind it. Its engine signals (the /metrics and /health polls) run only when asked,
@@ -488,9 +492,11 @@ class ProxyOnFakes:
         tmp_path: Path,
         signals: bool = False,
         engines: Mapping[str, EngineClient] | None = None,
+        tokenizer: Tokenizer | None = EMULATOR,
         **kw: Any,
     ) -> None:
-        """``engines``: real clients to put in place of some fakes (by engine id)."""
+        """``engines``: real clients to put in place of some fakes (by engine id); ``tokenizer``: the
+        proxy's (None: none, prompt lengths estimated)."""
         kw.setdefault("health_interval_s", 0.2)
         self.fakes = fakes
         self.cfg = ProxyConfig(
@@ -501,7 +507,7 @@ class ProxyOnFakes:
             **kw,
         )
         self.proxy = Proxy(
-            self.cfg, EmulatorTokenizer(), engines={**fakes.clients(), **(engines or {})}, probe=fakes.probe
+            self.cfg, tokenizer, engines={**fakes.clients(), **(engines or {})}, probe=fakes.probe
         )
         self._signals = signals
         self.port = 0

@@ -6,19 +6,23 @@ import asyncio
 import threading
 from types import TracebackType
 
+from calroute.cli.common import load_tokenizer
 from calroute.contract.tokenizer import Tokenizer
 from calroute.emulator.api import EmulatorTokenizer
 from calroute.proxy.app import Proxy
 from calroute.proxy.config import ProxyConfig
 
 EMULATOR = EmulatorTokenizer()
+FROM_CLUSTER = "the tokenizer the cluster file names"
 
 
 class RunningProxy:
-    """The proxy with the emulator's tokenizer unless told otherwise (``tokenizer=None``: none)."""
+    """The proxy with the tokenizer its cluster file names, as `calroute serve` builds it, unless told
+    otherwise (``tokenizer=None``: none)."""
 
-    def __init__(self, cfg: ProxyConfig, tokenizer: Tokenizer | None = EMULATOR) -> None:
-        self.proxy = Proxy(cfg, tokenizer)
+    def __init__(self, cfg: ProxyConfig, tokenizer: Tokenizer | None | str = FROM_CLUSTER) -> None:
+        chosen = load_tokenizer(cfg.cluster) if isinstance(tokenizer, str) else tokenizer
+        self.proxy = Proxy(cfg, chosen)
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._started = False

@@ -14,7 +14,7 @@ import pytest
 from calroute.cluster.file import ClusterFile
 from calroute.cluster.procs import stop_process_group
 from calroute.proxy.config import ProxyConfig
-from calroute.results.records import read_records
+from calroute.results.records import RequestRecord, read_records
 from calroute.routing.block_hash import block_hashes
 from calroute.types import RequestStatus
 from tests.emulator.http import metric, request, stream
@@ -173,6 +173,88 @@ def test_the_precise_prefix_index_learns_from_real_vllms_kv_events(
         assert not _has(p.url, "calroute_kv_events_errors_total")
         assert not _has(p.url, "calroute_kv_events_skipped_blocks_total")
         assert all(subscriber.is_live(e.id) for e in c.engines)
+
+
+def test_chat_prompts_match_real_vllms_cache_through_the_models_tokenizer(
+    real_cluster: ClusterFile, tmp_path: Path
+) -> None:
+    """Chat, the traffic clients send: the proxy renders and tokenizes it with the served model's own files
+    (the cluster file's tokenizer), so its block hashes are those of the ids vLLM caches and publishes. A
+    chat sharing a system prompt, a conversation's next turn, and a system prompt cached on the other
+    engine behind the proxy's back each go to the engine that holds them, and the hit the router predicts
+    is what the engine serves, to the block."""
+    c = real_cluster
+    assert c.tokenizer is not None and c.tokenizer != "emulator"
+    _reset_prefix_caches(c)
+    system = "".join(f"Rule {i}: answer in the style of handler_{i}, briefly.\n" for i in range(40))
+    other_system = "".join(f"Policy {i}: quote section {i * 7} of the manual first.\n" for i in range(40))
+
+    def chat(system_prompt: str, *turns: tuple[str, str]) -> dict[str, object]:
+        messages = [{"role": "system", "content": system_prompt}]
+        messages += [{"role": r, "content": text} for r, text in turns]
+        return {"model": c.model, "messages": messages, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+
+    cfg = ProxyConfig(
+        cluster=c, calibration=CAL, log_path=tmp_path / "log.jsonl", policy="marginal_cost", prefix_index=True
+    )
+    with RunningProxy(cfg) as p:
+        subscriber, index, tokenizer = p.proxy.kv_events, p.proxy.prefix, p.proxy.generation.tokenizer
+        assert subscriber is not None and index is not None and tokenizer is not None
+        assert tokenizer.name.startswith("hf:")
+
+        def until(cond: Callable[[], bool], what: str) -> None:
+            deadline = time.monotonic() + 20
+            while not cond():
+                assert time.monotonic() < deadline, what
+                time.sleep(0.05)
+
+        def cached_on(engine_id: str, body: dict[str, object]) -> Callable[[], bool]:
+            ids = tokenizer.prompt_ids(body, True)
+            full = len(ids) // 128 * 128
+            return lambda: index.match(block_hashes(ids, 128)).get(engine_id, 0) == full
+
+        def predicted_tokens() -> float:
+            return metric(p.url, "calroute_prefix_predicted_cached_tokens_total")
+
+        def last() -> RequestRecord:
+            return list(read_records(tmp_path / "log.jsonl"))[-1]
+
+        until(lambda: all(subscriber.is_live(e.id) for e in c.engines), "KV event streams not live")
+        time.sleep(0.3)
+        first_turn = chat(system, ("user", "How do I add a handler?"))
+        assert request(f"{p.url}/v1/chat/completions", first_turn)[0] == 200
+        holder = last().prefill_id
+        assert holder is not None
+        until(cached_on(holder, first_turn), "no BlockStored for the first chat")
+        checks = [
+            chat(system, ("user", "And how do I remove one, keeping the others?")),  # the same system prompt
+            chat(  # the conversation's next turn extends the last
+                system,
+                ("user", "How do I add a handler?"),
+                ("assistant", "Register it with the router."),
+                ("user", "Where is the router?"),
+            ),
+        ]
+        for body in checks:
+            before = predicted_tokens()
+            assert request(f"{p.url}/v1/chat/completions", body)[0] == 200
+            record, predicted = last(), predicted_tokens() - before
+            assert record.prefill_id == holder
+            assert predicted >= 128 and predicted % 128 == 0
+            assert record.cached_tokens == predicted  # what the engine said it served from its cache
+            until(cached_on(holder, body), "no BlockStored for the chat")
+        # a system prompt cached on the other prefill engine, sent to it directly: its events tell the router
+        other = next(e for e in c.prefill if e.id != holder)
+        seed = chat(other_system, ("user", "What comes first?"))
+        assert request(f"{other.url}/v1/chat/completions", seed)[0] == 200
+        until(cached_on(other.id, seed), "no BlockStored for the chat sent to the other engine")
+        before = predicted_tokens()
+        assert request(f"{p.url}/v1/chat/completions", chat(other_system, ("user", "What next?")))[0] == 200
+        record, predicted = last(), predicted_tokens() - before
+        assert record.prefill_id == other.id and predicted >= 128 and record.cached_tokens == predicted
+        # every priced length was the engine's own count
+        assert not _has(p.url, "calroute_prompt_tokens_mismatch_total")
+        assert not _has(p.url, "calroute_kv_events_skipped_blocks_total")
 
 
 def _has(base_url: str, name: str) -> bool:

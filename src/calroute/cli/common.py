@@ -14,6 +14,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from calroute.cluster.file import EMULATOR_TOKENIZER, ClusterFile
+from calroute.contract.tokenizer import Tokenizer
 from calroute.costmodel.calibration import Calibration
 from calroute.costmodel.profiles import (
     DEFAULT_PROFILE,
@@ -163,3 +165,17 @@ def load_profile(
     if slo is None or slo.is_paper:
         return hw
     return replace(hw, calibration=with_slo(hw.calibration, slo))
+
+
+def load_tokenizer(cluster: ClusterFile) -> Tokenizer | None:
+    """The tokenizer the cluster file names (its ``tokenizer`` field): the emulator's, or the served model's
+    from its Hugging Face files; None when it names none. A ConfigError names a folder it cannot read."""
+    if cluster.tokenizer is None:
+        return None
+    if cluster.tokenizer == EMULATOR_TOKENIZER:
+        from calroute.emulator.api import EmulatorTokenizer
+
+        return EmulatorTokenizer()
+    from calroute.tokenizer.hf import HfTokenizer
+
+    return HfTokenizer(Path(cluster.tokenizer), max_model_len=cluster.max_model_len)

@@ -19,6 +19,7 @@ from calroute.cli.common import (
     err,
     exit_on_error,
     load_profile,
+    load_tokenizer,
     policy_params,
     slo_option,
 )
@@ -180,7 +181,6 @@ def serve(
     one, comes from CALROUTE_ENGINE_API_KEY.
     """
     options = dict(locals())  # before any other local: the config is made of the options, by name
-    from calroute.emulator.api import EmulatorTokenizer
     from calroute.proxy.app import Proxy
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -204,9 +204,16 @@ def serve(
             admin_token=os.environ.get("CALROUTE_ADMIN_TOKEN") or None,
             engine_api_key=os.environ.get("CALROUTE_ENGINE_API_KEY") or None,
         )
-        # The emulator's tokenizer for every cluster, as before the tokenizer interface: the served model's
-        # own is the next step (docs/status.md).
-        proxy = Proxy(tokenizer=EmulatorTokenizer(), cfg=cfg)
+        tokenizer = load_tokenizer(c)
+        if tokenizer is None:
+            err.print(
+                "[yellow]warning:[/] the cluster file names no tokenizer: text and chat prompts' lengths are "
+                "estimated from their characters and not matched against the engines' caches (docs/proxy.md, "
+                '"Tokens"; calroute_prompt_length_estimated_total counts them)'
+            )
+        else:
+            err.print(f"tokenizer: {tokenizer.name}")
+        proxy = Proxy(tokenizer=tokenizer, cfg=cfg)
     from calroute.aio import run_until_signalled
 
     # A full garbage collection walks every object the process holds: 15 - 18 ms once the proxy's libraries

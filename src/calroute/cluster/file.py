@@ -3,7 +3,7 @@ by the proxy and the harness. YAML, one mapping; unknown or missing fields are e
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ from calroute.types import InstanceSpec, Role
 
 SCHEMA_VERSION = 1
 KINDS = ("emulated", "vllm", "external")
+EMULATOR_TOKENIZER = "emulator"  # the tokenizer field's value naming the emulator's tokenizer
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,16 @@ class ClusterFile:
     # The engines' KV block size in tokens, when known: the proxy's prefix index hashes prompts in it, so its
     # counts of cached tokens land on the engines' block boundaries (None: the emulator's 16).
     block_tokens: int | None = None
+    # The served model's tokenizer, which the proxy prices and hashes prompts with (docs/proxy.md,
+    # "Tokens"): "emulator" (the emulator's), or a folder in Hugging Face's layout (tokenizer.json and
+    # tokenizer_config.json or chat_template.jinja; a relative one is read from the cluster file's folder).
+    # None: the proxy estimates text prompts' lengths and matches only token-id prompts against the caches.
+    # A file without the field reads as "emulator" for an emulated cluster, None otherwise.
+    tokenizer: str | None = None
 
     def __post_init__(self) -> None:
+        if self.tokenizer is not None and (not isinstance(self.tokenizer, str) or not self.tokenizer):
+            raise ConfigError(f"tokenizer must be 'emulator' or a folder, got {self.tokenizer!r}")
         if self.block_tokens is not None and self.block_tokens < 1:
             raise ConfigError(f"block_tokens must be >= 1, got {self.block_tokens}")
         if self.kind not in KINDS:
@@ -83,6 +92,8 @@ class ClusterFile:
         if not isinstance(d, dict):
             raise ConfigError(f"{source}: expected a mapping")
         d = dict(d)
+        if "tokenizer" not in d and d.get("kind") == "emulated":
+            d["tokenizer"] = EMULATOR_TOKENIZER
         version = d.pop("version", SCHEMA_VERSION)
         if version != SCHEMA_VERSION:
             raise ConfigError(f"{source}: unsupported version {version}")
@@ -118,4 +129,8 @@ class ClusterFile:
             raise ConfigError(f"cannot read cluster file {path}: {e}") from e
         except yaml.YAMLError as e:
             raise ConfigError(f"cluster file {path} is not YAML: {e}") from e
-        return cls.from_dict(data, str(path))
+        file = cls.from_dict(data, str(path))
+        tokenizer = file.tokenizer
+        if tokenizer is not None and tokenizer != EMULATOR_TOKENIZER and not Path(tokenizer).is_absolute():
+            file = replace(file, tokenizer=str((path.parent / tokenizer).resolve()))
+        return file

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from calroute.cluster import vllm
-from calroute.cluster.file import ClusterEngine, ClusterFile
+from calroute.cluster.file import EMULATOR_TOKENIZER, ClusterEngine, ClusterFile
 from calroute.cluster.procs import (
     free_port_run,
     free_ports,
@@ -132,6 +132,7 @@ def up_emulated(
             for i, ((name, role), port) in enumerate(zip(roles, ports, strict=True))
         ),
         profile=profile if calibration is None else f"calibration:{calibration}",
+        tokenizer=EMULATOR_TOKENIZER,
         time_scale=time_scale,
         pgids=tuple(p.pid for p, _ in procs),
         logs=tuple(str(log) for _, log in procs),
@@ -200,6 +201,7 @@ def up_vllm(
         pgids=tuple(e.pgid for e in started),
         logs=tuple(str(e.log_path) for e in started),
         block_tokens=vllm.CPU_DEFAULT_BLOCK_TOKENS,  # the engines run with vLLM's CPU default
+        tokenizer=str(model_dir.absolute()),  # the tiny model's own tokenizer files
     )
     return LaunchedCluster(file, [e.popen for e in started])
 

@@ -203,6 +203,7 @@ class Proxy:
         if self.kv_events is not None:
             await self.kv_events.stop()
         self._loop_lag.stop()
+        self.generation.close()
         for endpoint in self._endpoints.values():
             endpoint.close()
         for stream in (self._log, self._decision_stream):

@@ -105,7 +105,8 @@ class Flight:
     # proxy cannot tokenize), the tokens the index expected the chosen prefill engine to hold, and what
     # that engine said it served from its cache (kv_transfer_params.remote_prefill_cached_tokens).
     prefix_blocks: Sequence[int] = ()  # a PromptBlocks: hashed as far as the router asks (proxy/prefix.py)
-    prompt_ids: npt.NDArray[np.uint64] | None = None  # a token-id prompt's ids as machine ints (board)
+    # the prompt's token ids as machine ints: a token-id prompt's (board), or the tokenizer's (generate.py)
+    prompt_ids: npt.NDArray[np.uint64] | None = None
     predicted_cached_tokens: int = 0
     cached_tokens: int = 0
 

@@ -20,6 +20,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from calroute.contract import handoff
@@ -36,10 +37,11 @@ from calroute.proxy.http.messages import Request, Response, Stream
 from calroute.proxy.kv_events import KvEventSubscriber
 from calroute.proxy.metrics import ProxyMetrics
 from calroute.proxy.prefix import CACHED_TOKENS_HEADER, cached_tokens, prompt_blocks
-from calroute.proxy.prompt_length import PromptLength
+from calroute.proxy.prompt_length import PromptLength, Refused, exact_prompt
 from calroute.proxy.relay import StreamRelay
 from calroute.proxy.signals import Signals
 from calroute.results.records import RecordWriter
+from calroute.routing.block_hash import machine_token_ids
 from calroute.routing.router import Router
 from calroute.types import RequestStatus
 
@@ -95,6 +97,12 @@ class Generation:
         self.now = now
         self.kv_events = kv_events
         self._writer = writer
+        # Long prompts are tokenized off the event loop, one at a time: a thread, since the model's tokenizer
+        # releases the GIL while it encodes (tokenizer/hf.py), which is what costs: milliseconds for an
+        # 8k-token prompt. (The emulator's tokenizer is Python and holds it.)
+        self._tokenize_pool = (
+            ThreadPoolExecutor(1, thread_name_prefix="calroute-tokenize") if tokenizer is not None else None
+        )
         # Request ids: a random 64-bit prefix per proxy process, then a counter. Unique across proxies and
         # restarts as uuid4 would be (and as long), without a getrandom call per request.
         self._id_prefix = os.urandom(8).hex()
@@ -103,6 +111,10 @@ class Generation:
     @property
     def writer(self) -> RecordWriter | None:
         return self._writer()
+
+    def close(self) -> None:
+        if self._tokenize_pool is not None:
+            self._tokenize_pool.shutdown(wait=False, cancel_futures=True)
 
     @property
     def policy_name(self) -> str:
@@ -125,6 +137,10 @@ class Generation:
             self._finish(refused, RequestStatus.REJECTED, f"HTTP 400: {boarded.message}")
             return json_error(400, boarded.message, param=boarded.param)
         body, flight = boarded
+        if flight.prompt_ids is None:
+            answer = await self._tokenize(body, path == "/v1/chat/completions", flight)
+            if answer is not None:
+                return answer
         if self.router.prefix is not None:
             flight.prefix_blocks = prompt_blocks(
                 body,
@@ -142,6 +158,27 @@ class Generation:
         finally:
             if not flight.recorded:  # the client went away: the handler was cancelled, or its write broke
                 self._finish(flight, RequestStatus.CANCELLED, "client disconnected")
+
+    async def _tokenize(self, body: dict[str, Any], chat: bool, f: Flight) -> Response | None:
+        """The prompt's exact length and token ids from the served model's tokenizer, into ``f``; the 400
+        when the engine would refuse the prompt, else None. Without a tokenizer (or for a completions prompt
+        it does not read), ``f`` keeps the estimate made at boarding."""
+        if self.tokenizer is None:
+            self.metrics.prompt_length_estimated.inc()
+            return None
+        ids = await exact_prompt(
+            self.tokenizer, self._tokenize_pool, body, chat, f.prompt_chars, self.cfg.cluster.max_model_len
+        )
+        if ids is None:
+            self.metrics.prompt_length_estimated.inc()
+            return None
+        if isinstance(ids, Refused):
+            self._finish(f, RequestStatus.REJECTED, f"HTTP 400: {ids.message}"[:500])
+            return json_error(400, ids.message, param=ids.param)
+        f.prompt_ids = machine_token_ids(ids)
+        f.prompt_tokens = max(1, len(ids))
+        f.prompt_chars = None  # exact: nothing for the character ratio to learn
+        return None
 
     async def _serve(self, request: Request, body: dict[str, Any], path: str, f: Flight) -> Response | Stream:
         last_error = "no attempt made"
@@ -257,6 +294,9 @@ class Generation:
                 f.prefill_id, "prefill", f"unreadable prefill response: {str(e)[:200]}", "unreadable"
             ) from e
         self.router.prefill_done(f.request_id, f.prefill_done_s, prompt_tokens)
+        if f.prompt_chars is None and prompt_tokens != f.prompt_tokens:
+            # priced exactly, yet not what the engine prefilled: a tokenizer or template that drifted
+            self.metrics.prompt_tokens_mismatch.labels(f.prefill_id).inc()
         self.prompt_length.learn(f.prompt_chars, prompt_tokens)
         f.prompt_tokens = prompt_tokens
         kv = out.get("kv_transfer_params")

@@ -77,6 +77,19 @@ class ProxyMetrics:
             ["engine", "kind"],
             registry=self.registry,
         )
+        self.prompt_length_estimated = Counter(
+            "calroute_prompt_length_estimated",
+            "Text and chat prompts priced on a length estimated from their characters: no tokenizer is "
+            "configured (the cluster file's tokenizer field), or it could not read a completions prompt.",
+            registry=self.registry,
+        )
+        self.prompt_tokens_mismatch = Counter(
+            "calroute_prompt_tokens_mismatch",
+            "Prompts priced on the tokenizer's exact count whose prefill engine reported another "
+            "usage.prompt_tokens: a tokenizer or chat template that drifted from the engine's.",
+            ["engine"],
+            registry=self.registry,
+        )
         # The prefix-hit ratio per policy is cached / prompt: rate(cached) / rate(prompt) in PromQL.
         self.prompt_tokens = Counter(
             "calroute_prompt_tokens",

@@ -1,14 +1,25 @@
 """Prompt length at admission, before any engine has seen the request.
 
-A prompt of token ids is counted exactly. For text, the proxy estimates tokens from characters with a
-ratio it keeps learning from the prompt_tokens the prefill engines report (starting at 4 characters per
-token), so the estimate converges on the served model's tokenizer without loading it.
+A prompt of token ids is counted exactly, and so is text or chat when the proxy has the served model's
+tokenizer (``exact_prompt``; docs/proxy.md, "Tokens"). Without one, the proxy estimates tokens from
+characters with a ratio it keeps learning from the prompt_tokens the prefill engines report (starting at 4
+characters per token): a length that converges on the model's, but no token ids to match against the
+engines' caches.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
-from typing import Any
+from collections.abc import Mapping
+from concurrent.futures import Executor
+from typing import Any, NamedTuple
+
+from calroute.contract.tokenizer import TokenizeError, Tokenizer
+
+# A text prompt up to this many characters (about 1,000 tokens, well under a millisecond to tokenize) is
+# tokenized on the event loop: a hop to the tokenizer's thread and back costs more.
+INLINE_TOKENIZE_CHARS = 4096
 
 
 class PromptLength:
@@ -65,3 +76,40 @@ class PromptLength:
         self.chars_per_token = self.chars_per_token * self._decay + (chars / prompt_tokens) * (
             1 - self._decay
         )
+
+
+class Refused(NamedTuple):
+    """A prompt the engine would refuse, with vLLM's message and the field at fault."""
+
+    message: str
+    param: str | None = None
+
+
+async def exact_prompt(
+    tokenizer: Tokenizer,
+    pool: Executor | None,
+    body: Mapping[str, Any],
+    chat: bool,
+    prompt_chars: int | None,
+    max_model_len: int,
+) -> list[int] | Refused | None:
+    """The prompt's token ids as the engine will prefill them; Refused when the engine would answer 400 (a
+    chat template that fails or refuses the messages, a prompt past the model's length); None for a
+    completions prompt the tokenizer does not read (a batch of prompts: the engine judges it). A prompt of
+    more than INLINE_TOKENIZE_CHARS characters is tokenized on ``pool``, off the event loop."""
+    try:
+        if pool is None or (prompt_chars or 0) <= INLINE_TOKENIZE_CHARS:
+            ids = tokenizer.prompt_ids(body, chat)
+        else:
+            ids = await asyncio.get_running_loop().run_in_executor(pool, tokenizer.prompt_ids, body, chat)
+    except TokenizeError as e:
+        return Refused(str(e)) if chat else None
+    if len(ids) > max_model_len:
+        # vLLM's words (renderers/params.py, _token_len_check), before any engine spends a prefill on it
+        return Refused(
+            f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains "
+            f"{len(ids)} input tokens, which exceeds this limit even without any output tokens. Please "
+            "reduce the length of the input prompt.",
+            "input_tokens",
+        )
+    return ids
