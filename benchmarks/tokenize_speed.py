@@ -7,7 +7,10 @@ also its check). Cases, each timed call by call (`--calls`, after `--warmup` cal
 call so that the machine's load falls on all of them alike:
 
   (a) chat_8k: an ~8k-token chat, a ~7k-token system prompt that is the same on every call and a ~1k-token
-      user turn that differs on every call, through HfTokenizer.prompt_ids(body, chat=True);
+      user turn that differs on every call, through HfTokenizer.prompt_ids(body, chat=True), with its prefix
+      store (tokenizer/prefix_store.py) as configured by default (empty before the first warm-up call; its
+      valve checks 1 hit in 256); also without a store (chat_8k_no_store, the code before the store) and with
+      the valve checking 1 hit in 64 (chat_8k_check_64);
   (b) ids_8k, the baseline: the same prompt's ids as a completions body, through machine_token_ids (what
       the proxy does with a token-id prompt); also with each body's ids converted once untimed first
       (ids_8k_hot: in the CPU's cache, as just after the proxy decoded the body's JSON);
@@ -15,9 +18,10 @@ call so that the machine's load falls on all of them alike:
   (d) emulator_8k: the chat of (a) through the emulator's tokenizer (emulator/api.EmulatorTokenizer), whose
       tokens are its own (the count is reported).
 
-Also timed, on (a)'s bodies, its two parts: render_chat alone and the `tokenizers` encode of the rendered
-text alone. Reported: p50, p99 and mean of each case in microseconds, the ratio (a)/(b) at p50, and what
-(a) adds over (b) at p50 and p99.
+Also timed, on (a)'s bodies without a store, its two parts: render_chat alone and the `tokenizers` encode of
+the rendered text alone. Reported: p50, p99 and mean of each case in microseconds, the ratio (a)/(b) at p50,
+and what (a) adds over (b) at p50 and p99; the stores' counters ((a)'s store also holds (c)'s chats), the
+store's effect on (a) at p50, and whether (a)'s ids equal the ids without a store on every body.
 Budget (issue 35): an 8k-token chat prompt whose 7k-token system prompt repeats adds p50 <= 1 ms and
 p99 <= 5 ms over the same prompt as token ids on this machine; token-id prompts pay nothing new.
 
@@ -240,7 +244,9 @@ def chat(system: str | None, user: str) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace, model_dir: Path, source: str) -> dict[str, Any]:
-    hf = HfTokenizer(model_dir)
+    hf = HfTokenizer(model_dir)  # the prefix store as configured by default
+    plain = HfTokenizer(model_dir, prefix_store_chars=0)
+    check_64 = HfTokenizer(model_dir, prefix_store_check_every=64)
     emu = EmulatorTokenizer()
     raw = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     rng = random.Random(0)
@@ -249,16 +255,19 @@ def run(args: argparse.Namespace, model_dir: Path, source: str) -> dict[str, Any
     bodies = [chat(system, text_of_tokens(raw, rng, USER_TOKENS)) for _ in range(n)]
     shorts = [chat(None, text_of_tokens(raw, rng, SHORT_TOKENS)) for _ in range(n)]
     # (b)'s bodies: the same prompts' ids as completions bodies (as a client would send them, JSON ints)
-    id_lists = [hf.prompt_ids(b, True) for b in bodies]
+    # (through the tokenizer without a store: the stores see each body first in the timed loop)
+    id_lists = [plain.prompt_ids(b, True) for b in bodies]
     id_bodies = [{"model": "m", "prompt": ids, "max_tokens": 16} for ids in id_lists]
-    rendered = [hf.render_chat(b) for b in bodies]
+    rendered = [plain.render_chat(b) for b in bodies]
     cases: dict[str, Callable[[int], object]] = {
         "chat_8k": lambda i: hf.prompt_ids(bodies[i], True),
+        "chat_8k_no_store": lambda i: plain.prompt_ids(bodies[i], True),
+        "chat_8k_check_64": lambda i: check_64.prompt_ids(bodies[i], True),
         "ids_8k": lambda i: machine_token_ids(id_bodies[i].get("prompt")),
         "ids_8k_hot": lambda i: machine_token_ids(id_bodies[i].get("prompt")),  # converted once untimed first
         "chat_short": lambda i: hf.prompt_ids(shorts[i], True),
         "emulator_8k": lambda i: emu.prompt_ids(bodies[i], True),
-        "chat_8k_render_only": lambda i: hf.render_chat(bodies[i]),
+        "chat_8k_render_only": lambda i: plain.render_chat(bodies[i]),
         "chat_8k_encode_only": lambda i: raw.encode(rendered[i], add_special_tokens=False),
     }
     times: dict[str, list[float]] = {k: [] for k in cases}
@@ -272,6 +281,17 @@ def run(args: argparse.Namespace, model_dir: Path, source: str) -> dict[str, Any
                 times[name].append(us)
     result: dict[str, Any] = {name: percentiles(us) for name, us in times.items()}
     result["chat_8k"]["tokens"] = statistics.median(len(ids) for ids in id_lists)
+    # (a) and (c) share hf's store: its counters count both
+    result["prefix_store"] = {"chat_8k": store_counters(hf), "chat_8k_check_64": store_counters(check_64)}
+    result["chat_8k"]["ids_equal_no_store"] = all(
+        hf.prompt_ids(b, True) == ids and check_64.prompt_ids(b, True) == ids
+        for b, ids in zip(bodies, id_lists, strict=True)
+    )
+    result["store_effect_p50"] = {
+        "no_store_us": result["chat_8k_no_store"]["p50_us"],
+        "store_us": result["chat_8k"]["p50_us"],
+        "speedup": result["chat_8k_no_store"]["p50_us"] / result["chat_8k"]["p50_us"],
+    }
     result["chat_8k"]["system_tokens"] = len(raw.encode(system, add_special_tokens=False).ids)
     result["chat_short"]["tokens"] = statistics.median(len(hf.prompt_ids(b, True)) for b in shorts)
     result["emulator_8k"]["tokens"] = statistics.median(len(emu.prompt_ids(b, True)) for b in bodies[:20])
@@ -305,16 +325,40 @@ def run(args: argparse.Namespace, model_dir: Path, source: str) -> dict[str, Any
     result["gil_wait"] = {
         "encode": gil_wait(lambda: raw.encode(big, add_special_tokens=True), 10),
         "encode_batch": gil_wait(lambda: raw.encode_batch([big], add_special_tokens=True), 10),
+        # what the prefix store's hits call for the new part of a prompt
+        "encode_batch_fast": gil_wait(lambda: raw.encode_batch_fast([big], add_special_tokens=True), 10),
         "control_sha256": gil_wait(lambda: hashlib.sha256(big_block).digest(), 10),
     }
     result["tokenizer"] = {"source": source, "vocab": raw.get_vocab_size(with_added_tokens=True)}
     return result
 
 
+def store_counters(tok: HfTokenizer) -> dict[str, Any]:
+    store = tok.prefix_store
+    if store is None:
+        return {"enabled": False}
+    return {
+        "supported": store.supported,
+        "reason": store.reason,
+        "enabled": store.enabled,
+        "max_chars": store.max_chars,
+        "check_every": store.check_every,
+        "hits": store.hits,
+        "misses": store.misses,
+        "checks": store.checks,
+        "mismatches": store.mismatches,
+        "evictions": store.evictions,
+        "entries": len(store),
+        "chars": store.chars,
+    }
+
+
 def report_text(r: Mapping[str, Any]) -> str:
     lines = [f"tokenizer: {r['tokenizer']['source']} (vocabulary {r['tokenizer']['vocab']})"]
     for name in (
         "chat_8k",
+        "chat_8k_no_store",
+        "chat_8k_check_64",
         "ids_8k",
         "ids_8k_hot",
         "chat_short",
@@ -333,6 +377,18 @@ def report_text(r: Mapping[str, Any]) -> str:
         f"chat_8k / ids_8k at p50: {r['ratio_chat_over_ids_p50']:.0f}x; added over ids: p50 "
         f"{bud['p50_added_us'] / 1e3:.2f} ms (budget 1 ms), p99 {bud['p99_added_us'] / 1e3:.2f} ms "
         "(budget 5 ms): " + ("met" if bud["met"] else "NOT met")
+    )
+    for name, st in r["prefix_store"].items():
+        lines.append(
+            f"prefix store of {name}: {st['hits']} hits, {st['misses']} misses, {st['checks']} checks "
+            f"(1 hit in {st['check_every']}), {st['mismatches']} mismatches, {st['entries']} entries, "
+            f"{st['chars']} chars, {st['evictions']} evictions"
+        )
+    eff = r["store_effect_p50"]
+    lines.append(
+        f"store's effect at p50: {eff['no_store_us']:.0f} us without, {eff['store_us']:.0f} us with "
+        f"({eff['speedup']:.1f}x); ids equal to the store-less ones on every body: "
+        f"{r['chat_8k']['ids_equal_no_store']}"
     )
     c = r["gil_control_sha256"]
     for key, call in (("gil", "encode"), ("gil_encode_batch", "encode_batch")):

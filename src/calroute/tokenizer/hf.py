@@ -26,6 +26,7 @@ from calroute.contract.tokenizer import TokenizeError
 from calroute.errors import ConfigError
 from calroute.tokenizer.files import TokenizerFiles
 from calroute.tokenizer.messages import ContentFormat, conversation, developer_as_system, tool_dicts
+from calroute.tokenizer.prefix_store import DEFAULT_CHECK_EVERY, DEFAULT_MAX_CHARS, PrefixStore
 from calroute.tokenizer.template import Renderer, supports_developer_role
 
 DEFAULT_MAX_OUTPUT_CHARS = 4_000_000  # a rendered prompt past ~4 MB is far beyond any context length
@@ -65,6 +66,12 @@ class HfTokenizer:
     ``chat_template``, ``content_format``, ``default_chat_template_kwargs`` and
     ``trust_request_chat_template`` mirror the engine's flags of the same names (``--chat-template`` as the
     template's text). ``max_model_len`` is only needed for ``truncate_prompt_tokens: -1``.
+
+    ``prefix_store_chars``: the characters of prompt text kept so that a prompt sharing a long prefix with an
+    earlier one (a repeated system prompt) encodes only its new part (prefix_store.py; 0: no store);
+    ``prefix_store_check_every``: its valve, 1 hit in that many also encoded whole and compared (0: never).
+    ``prefix_store`` is the store (None without one), its counters for export; for a tokenizer whose pipeline
+    it is not proven for it stays empty and every text is encoded whole (``prefix_store.reason`` says why).
     """
 
     def __init__(
@@ -79,11 +86,15 @@ class HfTokenizer:
         max_model_len: int | None = None,
         max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
         max_render_s: float = DEFAULT_MAX_RENDER_S,
+        prefix_store_chars: int = DEFAULT_MAX_CHARS,
+        prefix_store_check_every: int = DEFAULT_CHECK_EVERY,
     ) -> None:
         if content_format not in _CONTENT_FORMATS:
             raise ConfigError(f"content_format must be auto, string or openai, got {content_format!r}")
         if max_output_chars <= 0 or max_render_s <= 0:
             raise ConfigError("max_output_chars and max_render_s must be positive")
+        if prefix_store_chars < 0 or prefix_store_check_every < 0:
+            raise ConfigError("prefix_store_chars and prefix_store_check_every must be at least 0")
         directory = Path(directory)
         self.name = name or f"hf:{directory.name}"
         self._files = TokenizerFiles.load(directory)
@@ -93,6 +104,13 @@ class HfTokenizer:
         self._trust_request_template = trust_request_chat_template
         self._max_model_len = max_model_len
         self._renderer = Renderer(max_output_chars, max_render_s)
+        self.prefix_store = (
+            PrefixStore(
+                self._files.tokenizer, max_chars=prefix_store_chars, check_every=prefix_store_check_every
+            )
+            if prefix_store_chars
+            else None
+        )
 
     def prompt_ids(self, body: Mapping[str, Any], chat: bool) -> list[int]:
         if not isinstance(body, Mapping):
@@ -194,7 +212,10 @@ class HfTokenizer:
         if keep is None:
             # encode_batch, not encode: the same ids, but tokenizers releases the GIL only in the batch call
             # (0.23: a thread stalls 80 ms beside an 8k-token encode, 3 ms beside encode_batch), so the
-            # proxy's event loop runs on while a worker thread tokenizes a long prompt.
+            # proxy's event loop runs on while a worker thread tokenizes a long prompt. The prefix store
+            # encodes only what follows a prefix it has seen, the same way (and the same ids).
+            if self.prefix_store is not None:
+                return self.prefix_store.encode(text, add_special)
             return list(tokenizer.encode_batch([text], add_special_tokens=add_special)[0].ids)
         if side is None:
             side = self._files.truncation_side
