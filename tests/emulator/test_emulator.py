@@ -14,6 +14,7 @@ import pytest
 
 from calroute.costmodel.profiles import HardwareProfile
 from calroute.emulator.group import RunningEngine
+from calroute.emulator.request import EngineRequest
 from calroute.types import Role
 from tests.emulator.emulated import PROFILE, body, run_group, timed_stream
 
@@ -115,6 +116,39 @@ def test_held_kv_expires_after_the_lease() -> None:
         assert p.core.stats.kv_expired == 1
 
     run_group(test, kv_lease_s=0.3)
+
+
+def test_a_decode_aborted_before_it_pulls_frees_the_prefill_engines_blocks() -> None:
+    """vLLM's decode side tells the prefill engine to free the blocks of a request it drops before
+    scheduling it (NixlConnectorScheduler.request_finished): they do not wait for the lease."""
+
+    async def test(engines: list[RunningEngine], s: aiohttp.ClientSession) -> None:
+        p, d = engines
+        params = await prefill_params(s, p, body(500, 1))
+        assert p.core.kv.used_blocks > 0 and len(p.core.kv.held) == 1
+        req = EngineRequest("gone", list(range(500)), 8, kv_pull=params)
+        d.core.add(req)
+        d.core.abort(req)  # before the decode engine's loop looked at it
+        await asyncio.sleep(0.1)
+        assert p.core.kv.used_blocks == 0 and not p.core.kv.held
+        assert p.core.stats.kv_expired == 0 and d.core.kv.used_blocks == 0
+
+    run_group(test, kv_lease_s=30.0)
+
+
+def test_the_side_channel_frees_held_blocks_unread() -> None:
+    async def test(engines: list[RunningEngine], s: aiohttp.ClientSession) -> None:
+        p, _ = engines
+        params = await prefill_params(s, p, body(500, 1))
+        rid = params["remote_request_id"]
+        for found in (True, False):  # the second time they are gone already
+            async with s.post(
+                f"{p.url}/_calroute/kv/pull", json={"remote_request_id": rid, "transfer": False}
+            ) as r:
+                assert r.status == 200 and (await r.json()) == {"found": found}
+        assert p.core.kv.used_blocks == 0 and p.core.stats.kv_expired == 0
+
+    run_group(test, kv_lease_s=30.0)
 
 
 @pytest.mark.parametrize(("policy", "status"), [("fail", 500), ("recompute", 200)])

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import random
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +21,7 @@ from calroute.results.records import RequestRecord, read_records
 from calroute.routing.block_hash import block_hashes
 from calroute.types import RequestStatus
 from tests.emulator.http import metric, request, stream
+from tests.faults.test_clients_that_leave import client as leaving_client
 from tests.proxy.conftest import CAL
 from tests.proxy.harness import RunningProxy
 
@@ -282,6 +286,67 @@ def test_a_real_engine_4xx_goes_back_to_the_client_and_the_engine_stays_in(
         assert request(f"{p.url}/v1/completions", ok)[0] == 200
     recs = list(read_records(tmp_path / "log.jsonl"))
     assert [r.status for r in recs] == [RequestStatus.REJECTED, RequestStatus.OK]
+
+
+@pytest.mark.faults
+def test_fifty_clients_that_leave_at_random_points_leave_no_kv_on_real_vllm(
+    real_cluster: ClusterFile, tmp_path: Path
+) -> None:
+    """As tests/faults/test_clients_that_leave.py on the emulator: clients leave before their prefill
+    answers, between prefill and decode, mid-stream; the prefill engines' KV usage comes back to idle (0)
+    within IDLE_BOUND_S of the last one leaving, far inside vLLM's 30 s lease, with no lease expired."""
+    c = real_cluster
+    idle_bound_s = 3.0
+    rng = random.Random(35)
+    log = tmp_path / "log.jsonl"
+    expired_before = sum(metric(e.url, "vllm:nixl_num_kv_expired_reqs_total") for e in c.prefill)
+    with RunningProxy(ProxyConfig(cluster=c, calibration=CAL, log_path=log, stall_timeout_s=20.0)) as p:
+        port = int(p.url.rsplit(":", 1)[1])
+        jobs = []
+        for i in range(50):
+            common = {"model": c.model, "max_tokens": 200, "ignore_eos": True, "stream": rng.random() < 0.5}
+            if rng.random() < 0.5:
+                text = f"client {i}: " + PROMPT * rng.randrange(1, 4)
+                path, body = (
+                    "/v1/chat/completions",
+                    {**common, "messages": [{"role": "user", "content": text}]},
+                )
+            else:
+                ids = [rng.randrange(100, 1900) for _ in range(rng.randrange(200, 1200))]
+                path, body = "/v1/completions", {**common, "prompt": ids}
+            jobs.append(leaving_client(port, path, body, i * 0.03, rng.uniform(0.0, 2.0)))
+
+        async def run_all() -> list[float]:
+            return list(await asyncio.gather(*jobs))
+
+        last_left_s = max(asyncio.run(run_all()))
+        usage = lambda: sum(metric(e.url, "vllm:kv_cache_usage_perc") for e in c.prefill)  # noqa: E731
+        deadline = last_left_s + 40
+        while usage() > 0:
+            assert time.monotonic() < deadline, "the prefill engines' KV never came back to idle"
+            time.sleep(0.05)
+        idle_after_s = time.monotonic() - last_left_s
+        deadline = time.monotonic() + 20
+        while len(list(read_records(log))) < 50:
+            assert time.monotonic() < deadline, "a request has no record"
+            time.sleep(0.05)
+    recs = list(read_records(log))
+    expired = sum(metric(e.url, "vllm:nixl_num_kv_expired_reqs_total") for e in c.prefill) - expired_before
+    where = Counter(
+        "finished"
+        if r.status is RequestStatus.OK
+        else "before the prefill answered"
+        if r.prefill_done_s is None
+        else "before the first token"
+        if r.first_token_s is None
+        else "after the first token"
+        for r in recs
+    )
+    print(f"real vLLM: clients left {dict(where)}; KV idle {idle_after_s:.2f} s after the last left")
+    assert len(recs) == 50 and len({r.request_id for r in recs}) == 50
+    assert all(r.status in (RequestStatus.OK, RequestStatus.CANCELLED) for r in recs), recs
+    assert set(where) >= {"before the prefill answered", "before the first token", "after the first token"}
+    assert idle_after_s <= idle_bound_s and expired == 0
 
 
 @pytest.mark.faults

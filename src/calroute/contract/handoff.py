@@ -5,7 +5,7 @@ no ``stream_options``, no ``min_tokens`` (vLLM rejects min_tokens > max_tokens),
 ``kv_transfer_params.do_remote_decode`` so the engine holds the KV. Decode: the client's body, unchanged but
 for the prefill engine's ``kv_transfer_params`` (forwarded verbatim, never reused) and, when streaming,
 ``stream_options.include_usage`` (the proxy needs the token count; it strips the usage chunk again if the
-client did not ask for it).
+client did not ask for it). Release: the decode leg of a client that left, one token long.
 """
 
 from __future__ import annotations
@@ -42,6 +42,16 @@ def decode_body(client: dict[str, Any], kv_transfer_params: dict[str, Any] | Non
         body.pop("kv_transfer_params", None)  # no handoff: the decode engine computes the prompt itself
     if body.get("stream"):
         body["stream_options"] = {**(client.get("stream_options") or {}), "include_usage": True}
+    return body
+
+
+def release_body(client: dict[str, Any], kv_transfer_params: dict[str, Any]) -> dict[str, Any]:
+    """The decode leg of a client that left before its decode engine took it: one token, not streamed, so
+    that the decode engine pulls the prompt's KV (which frees it on the prefill engine) and ends at once.
+    Without it, vLLM's prefill engine keeps the blocks until its lease expires (``kv_lease_duration``, 30 s
+    by default, in vLLM 0.32's nixl/base_scheduler.py); docs/proxy.md, "A client that leaves"."""
+    body = prefill_body(client)
+    body["kv_transfer_params"] = kv_transfer_params
     return body
 
 

@@ -19,13 +19,14 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from calroute.contract.blocks import block_hashes
 from calroute.contract.kv_events import KvEvent
 from calroute.costmodel.profiles import HardwareProfile
 from calroute.emulator import tokens
 from calroute.emulator.kvcache import KvCache, blocks_for
-from calroute.emulator.request import EngineRequest, KvPuller, Phase, PullFailed
+from calroute.emulator.request import EngineRequest, KvPuller, KvReleaser, Phase, PullFailed
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ class EngineCore:
         kv_lease_s: float = 30.0,
         kv_failure_policy: str = "fail",
         puller: KvPuller | None = None,
+        releaser: KvReleaser | None = None,
         observer: Callable[[str, float], None] | None = None,
         publish_events: Callable[[Sequence[KvEvent]], None] | None = None,
     ) -> None:
@@ -70,6 +72,7 @@ class EngineCore:
         self.kv_lease_s = kv_lease_s
         self.kv_failure_policy = kv_failure_policy
         self.puller = puller
+        self.releaser = releaser
         self.address = ("127.0.0.1", 0)  # where decode engines reach this one; set by the server
         self.observer = observer or (lambda name, value: None)
         self.kv = KvCache(profile.limits.kv_capacity_tokens, record_events=publish_events is not None)
@@ -111,11 +114,25 @@ class EngineCore:
             self._running.remove(req)
         elif req in self._waiting:
             self._waiting.remove(req)
+            if req.kv_pull is not None:
+                self._release_remote(req.kv_pull)
         elif req in self._pulled:
             self._pulled.remove(req)
         self.kv.free(req.blocks)
         req.blocks = 0
         self._finish(req, "abort")
+
+    def _release_remote(self, params: dict[str, Any]) -> None:
+        """A decode request aborted before it was scheduled still frees the prefill engine's blocks, as
+        vLLM 0.32's does: NixlConnectorScheduler.request_finished (nixl/pull_scheduler.py) queues it for
+        receiving with no blocks, "to avoid stranding the prefill blocks in the prefill instance", and the
+        worker's notification frees them there. (A request already pulling finishes its pull, which frees
+        them; one pulled frees them then.)"""
+        if self.releaser is None:
+            return
+        task = asyncio.get_running_loop().create_task(self.releaser(params))
+        self._pull_tasks.add(task)
+        task.add_done_callback(self._pull_tasks.discard)
 
     def release_held(self, request_id: str) -> int | None:
         """A decode engine pulled a held request's KV: free it. Returns its prompt tokens, None if unknown."""

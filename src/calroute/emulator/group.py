@@ -98,6 +98,7 @@ class EngineGroup:
             publish_events=None if publisher is None else publisher.publish,
         )
         core.puller = lambda params, prompt_tokens: self._pull(core, params, prompt_tokens)
+        core.releaser = self._release
         server = EngineServer(
             core,
             cfg.model_name,
@@ -154,6 +155,31 @@ class EngineGroup:
         if not found:
             await asyncio.sleep(core.transfer_s(prompt_tokens))  # the decode side reads the blocks anyway
         return found
+
+    async def _release(self, params: dict[str, Any]) -> None:
+        """Tell a prefill engine to free a request's held blocks unread (the notification vLLM's decode side
+        sends for a request aborted before it was scheduled). Best effort, as there: a prefill engine that
+        cannot be told frees them when their lease expires."""
+        try:
+            host = str(params["remote_host"])
+            port = int(params["remote_port"])
+            rid = str(params["remote_request_id"])
+        except (KeyError, TypeError, ValueError):
+            return
+        local = self._by_port(host, port)
+        if local is not None:
+            local.core.release_held(rid)
+            return
+        assert self._session is not None
+        try:
+            async with self._session.post(
+                f"http://{host}:{port}/_calroute/kv/pull",
+                json={"remote_request_id": rid, "transfer": False},
+                timeout=aiohttp.ClientTimeout(total=self.config.handshake_timeout_s),
+            ) as r:
+                await r.read()
+        except (aiohttp.ClientError, TimeoutError) as e:
+            logger.warning("could not tell %s:%s to free the KV of %s: %s", host, port, rid, type(e).__name__)
 
     def _crash_soon(self, server: EngineServer) -> None:
         for e in self.engines:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -26,6 +26,8 @@ class PullFailed(CalrouteError):
 
 # (remote params, prompt tokens) -> True when the blocks were there, False when unknown/expired
 KvPuller = Callable[[dict[str, Any], int], Awaitable[bool]]
+# (remote params) -> None: tell the prefill engine to free the blocks without reading them
+KvReleaser = Callable[[dict[str, Any]], Coroutine[Any, Any, None]]
 
 
 @dataclass(eq=False)

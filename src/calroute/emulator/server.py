@@ -2,8 +2,8 @@
 
 Routes: /v1/completions and /v1/chat/completions (JSON and SSE), /v1/models, /health, /metrics, /tokenize,
 /detokenize, /reset_prefix_cache; and two of our own: /_calroute/kv/pull (the side channel a decode
-engine pulls held KV through: our stand-in for NIXL) and /_calroute/faults (inject faults at run time: what
-they are, and the bad answers, in faults.py).
+engine pulls held KV through, or frees it unread with ``"transfer": false``: our stand-in for NIXL) and
+/_calroute/faults (inject faults at run time: what they are, and the bad answers, in faults.py).
 Several servers may share a process and an event loop (see group.py).
 """
 
@@ -289,6 +289,8 @@ class EngineServer:
         rid = body.get("remote_request_id") if isinstance(body, dict) else None
         if not isinstance(rid, str):
             return _error(api.ApiError(400, "remote_request_id is required", "remote_request_id"))
+        if body.get("transfer") is False:  # the decode side aborted first: free the blocks unread
+            return web.json_response({"found": self.core.release_held(rid) is not None})
         status, found = await asyncio.shield(self.serve_pull(rid))
         return web.json_response({"found": found}, status=status)
 

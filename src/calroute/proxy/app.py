@@ -7,6 +7,7 @@ request's life, from admission to its record, is generate.py.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping
 from typing import IO, Any
@@ -34,6 +35,8 @@ from calroute.routing.decisions import DecisionLog
 from calroute.routing.ledger import Ledger
 from calroute.routing.router import Decision
 from calroute.routing.seeds import RouterSeeds
+
+RELEASE_GRACE_S = 2.0  # how long a stopping proxy lets release legs under way finish
 
 
 class Proxy:
@@ -203,6 +206,11 @@ class Proxy:
         if self.kv_events is not None:
             await self.kv_events.stop()
         self._loop_lag.stop()
+        # Release legs under way free prefill engines' KV (generate.py): a moment to finish, not a wait.
+        try:
+            await asyncio.wait_for(self.generation.releases.done(), RELEASE_GRACE_S)
+        except TimeoutError:
+            pass
         self.generation.close()
         for endpoint in self._endpoints.values():
             endpoint.close()

@@ -17,6 +17,11 @@ ENGINE_KEEPALIVE_S = 4.0
 # A non-streamed answer may take this many calibrated decode steps per token before the engine counts as
 # stalled: generous, since a step at full batch and long context is several times the reference step.
 SLOW_STEPS_PER_TOKEN = 4.0
+# A client that leaves while its prefill runs: the prefill engine's answer is still awaited this long. One
+# that comes (the prefill ended as the client left) is released through its decode engine (release.py);
+# then the request is closed, which vLLM aborts, freeing its blocks at once. Without the wait, a prefill
+# that ended in the instant before the close keeps its blocks until vLLM's lease expires (30 s).
+PREFILL_GRACE_S = 0.1
 
 # ---- what an engine's answer may weigh (engines are not trusted with the proxy's memory) ------------------
 # A whole answer: a prefill's, a non-streamed completion's, an engine's 4xx. The largest honest one is a JSON

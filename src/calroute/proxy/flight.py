@@ -109,6 +109,13 @@ class Flight:
     prompt_ids: npt.NDArray[np.uint64] | None = None
     predicted_cached_tokens: int = 0
     cached_tokens: int = 0
+    # What the router priced at its first admission (prompt_tokens becomes the engine's count once a prefill
+    # engine reports it), and whether that was an estimate from characters.
+    priced_prompt_tokens: int | None = None
+    prompt_estimated: bool = False
+    # A prefill engine holds this request's KV for this decode engine, which has not taken it yet: the KV
+    # params to release it with if the client leaves now (generate.py, "release").
+    handoff: tuple[str, dict[str, Any]] | None = None
 
     def record(self, policy: str, status: RequestStatus, error: str | None) -> RequestRecord:
         return RequestRecord(
@@ -128,6 +135,9 @@ class Flight:
             status=status,
             error=error,
             cached_tokens=self.cached_tokens,
+            priced_prompt_tokens=self.priced_prompt_tokens,
+            predicted_cached_tokens=self.predicted_cached_tokens,
+            prompt_estimated=self.prompt_estimated,
         )
 
 

@@ -15,6 +15,7 @@ record and the metrics; the client only ever reads that the engines could not se
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import os
@@ -26,7 +27,7 @@ from typing import Any
 from calroute.contract import handoff
 from calroute.contract.tokenizer import Tokenizer
 from calroute.errors import NoCandidateError
-from calroute.proxy.config import SLOW_STEPS_PER_TOKEN, ProxyConfig
+from calroute.proxy.config import PREFILL_GRACE_S, SLOW_STEPS_PER_TOKEN, ProxyConfig
 from calroute.proxy.engine_client import EngineAnswer, EngineClient, UpstreamError
 from calroute.proxy.errors import ClientGone, EngineFailed, error_event, json_error
 from calroute.proxy.flight import Flight, Invalid, board
@@ -39,6 +40,7 @@ from calroute.proxy.metrics import ProxyMetrics
 from calroute.proxy.prefix import CACHED_TOKENS_HEADER, cached_tokens, prompt_blocks
 from calroute.proxy.prompt_length import PromptLength, Refused, exact_prompt
 from calroute.proxy.relay import StreamRelay
+from calroute.proxy.release import Releases
 from calroute.proxy.signals import Signals
 from calroute.results.records import RecordWriter
 from calroute.routing.block_hash import machine_token_ids
@@ -107,6 +109,7 @@ class Generation:
         # restarts as uuid4 would be (and as long), without a getrandom call per request.
         self._id_prefix = os.urandom(8).hex()
         self._ids = itertools.count()
+        self.releases = Releases(endpoints, engine_headers, cfg, metrics)
 
     @property
     def writer(self) -> RecordWriter | None:
@@ -115,6 +118,7 @@ class Generation:
     def close(self) -> None:
         if self._tokenize_pool is not None:
             self._tokenize_pool.shutdown(wait=False, cancel_futures=True)
+        self.releases.close()
 
     @property
     def policy_name(self) -> str:
@@ -158,6 +162,10 @@ class Generation:
         finally:
             if not flight.recorded:  # the client went away: the handler was cancelled, or its write broke
                 self._finish(flight, RequestStatus.CANCELLED, "client disconnected")
+            if flight.handoff is not None:
+                decode_id, kv = flight.handoff
+                flight.handoff = None
+                self.releases.send(flight.request_id, decode_id, path, body, kv)
 
     async def _tokenize(self, body: dict[str, Any], chat: bool, f: Flight) -> Response | None:
         """The prompt's exact length and token ids from the served model's tokenizer, into ``f``; the 400
@@ -182,6 +190,7 @@ class Generation:
 
     async def _serve(self, request: Request, body: dict[str, Any], path: str, f: Flight) -> Response | Stream:
         last_error = "no attempt made"
+        f.priced_prompt_tokens, f.prompt_estimated = f.prompt_tokens, f.prompt_chars is not None
         for _ in range(self.cfg.max_attempts):
             started = time.perf_counter()
             try:
@@ -214,6 +223,8 @@ class Generation:
                 self.metrics.retries.labels(e.phase).inc()
                 self.router.done(f.request_id, f.prompt_tokens, 0, self.now(), ok=False)
                 f.admitted = False
+                # A decode engine that failed is not sent a release; the prefill engine's lease frees them.
+                f.handoff = None
             except UnsafeRequest as e:
                 # The proxy built a request it must not send (a header with a line break: the allow-list
                 # and its checks, flight.py, should make this impossible). Every engine would get the same
@@ -266,19 +277,12 @@ class Generation:
         self, body: dict[str, Any], path: str, f: Flight
     ) -> tuple[dict[str, Any] | None, Response | Stream | None]:
         assert f.prefill_id is not None
+        exchange = asyncio.ensure_future(self._prefill_exchange(body, path, f.prefill_id, f))
         try:
-            # The engine says nothing until the prefill is done, then answers at once: a bound on its
-            # silence is a bound on the whole exchange.
-            r = await self._endpoints[f.prefill_id].request(
-                "POST",
-                path,
-                self._headers(f),
-                codec.dumps(handoff.prefill_body(body)),
-                read_timeout_s=self.cfg.prefill_timeout_s,
-            )
-            async with r:
-                payload = await r.read(self.cfg.answer_limits.max_answer_bytes)
-            status = r.status
+            status, payload = await asyncio.shield(exchange)
+        except asyncio.CancelledError:
+            await self._prefill_left(exchange, f)
+            raise
         except (UpstreamError, TimeoutError) as e:
             raise _failed(f.prefill_id, "prefill", e) from e
         if status >= 500 or 300 <= status < 400:
@@ -308,7 +312,44 @@ class Generation:
         ):
             # The engine cached blocks the index did not know of: their BlockStored is owed.
             self.kv_events.expect(f.prefill_id)
-        return (kv if isinstance(kv, dict) and kv else None), None
+        if not isinstance(kv, dict) or not kv:
+            return None, None
+        if kv.get("do_remote_prefill"):
+            f.handoff = (f.decode_id or "", kv)  # the prefill engine holds the blocks until they are pulled
+        return kv, None
+
+    async def _prefill_exchange(
+        self, body: dict[str, Any], path: str, prefill_id: str, f: Flight
+    ) -> tuple[int, bytes]:
+        # The engine says nothing until the prefill is done, then answers at once: a bound on its silence
+        # is a bound on the whole exchange.
+        r = await self._endpoints[prefill_id].request(
+            "POST",
+            path,
+            self._headers(f),
+            codec.dumps(handoff.prefill_body(body)),
+            read_timeout_s=self.cfg.prefill_timeout_s,
+        )
+        async with r:
+            payload = await r.read(self.cfg.answer_limits.max_answer_bytes)
+        return r.status, payload
+
+    async def _prefill_left(self, exchange: asyncio.Future[tuple[int, bytes]], f: Flight) -> None:
+        """The client left during the prefill (PREFILL_GRACE_S): an answer that comes within the grace
+        leaves its KV params for the release; else the engine's request is closed, which vLLM aborts."""
+        done, _ = await asyncio.wait({exchange}, timeout=PREFILL_GRACE_S)
+        if not done:
+            exchange.cancel()
+            return
+        if exchange.cancelled() or exchange.exception() is not None:
+            return
+        status, payload = exchange.result()
+        try:
+            kv = codec.loads(payload).get("kv_transfer_params") if status == 200 else None
+        except (ValueError, AttributeError):
+            kv = None
+        if isinstance(kv, dict) and kv.get("do_remote_prefill"):
+            f.handoff = (f.decode_id or "", kv)
 
     async def _client_error(self, f: Flight, status: int, payload: bytes) -> Response | Stream:
         """An engine refused the request as malformed: the client's problem, not the engine's. Its JSON
@@ -339,6 +380,9 @@ class Generation:
                 if r.status >= 500 or 300 <= r.status < 400:
                     raise _status_failed(f.decode_id, "decode", r.status)
                 if r.status >= 400:
+                    # vLLM's decode side frees a refused request's remote blocks itself (its serving
+                    # layer's abort_immediately path): nothing to release.
+                    f.handoff = None
                     return await self._client_error(
                         f, r.status, await r.read(self.cfg.answer_limits.max_answer_bytes)
                     )
@@ -360,6 +404,7 @@ class Generation:
 
     async def _relay_json(self, r: EngineAnswer, f: Flight) -> Response:
         payload = await r.read(self.cfg.answer_limits.max_answer_bytes)
+        f.handoff = None  # the decode engine answered: it pulled the blocks
         now = self.now()
         try:
             out = codec.loads(payload)
@@ -437,6 +482,8 @@ class Generation:
             if tail:
                 await self._to_client(f, resp.write(tail))
         finally:
+            if relay.heard:  # the decode engine answered with events: it had pulled the blocks
+                f.handoff = None
             f.first_token_s, f.last_token_s = relay.first_token_s, relay.last_token_s
             if relay.output_tokens is not None:
                 f.output_tokens = relay.output_tokens

@@ -91,6 +91,14 @@ class ProxyMetrics:
             registry=self.registry,
         )
         # The prefix-hit ratio per policy is cached / prompt: rate(cached) / rate(prompt) in PromQL.
+        self.kv_releases = Counter(
+            "calroute_kv_releases",
+            "Release legs: a client left while a prefill engine held its KV for a decode engine that had not "
+            "taken it, so the proxy sent that engine a one-token decode to free the blocks; by outcome (ok, "
+            "refused: the engine answered 4xx or 5xx, failed: no answer).",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.prompt_tokens = Counter(
             "calroute_prompt_tokens",
             "Prompt tokens of completed requests, by policy.",

@@ -50,6 +50,8 @@ class StreamRelay:
         self.client_gone = False
         # Events went to the client: from then on a failure is no longer retried elsewhere.
         self.started = False
+        # Events came from the engine (sent on or not): it had the request, and had pulled its KV.
+        self.heard = False
         # An event cut across reads, as its pieces, and their size.
         self._pending: list[bytes] = []
         self._pending_bytes = 0
@@ -136,6 +138,7 @@ class StreamRelay:
         events = self.events(piece)
         if not events:
             return True
+        self.heard = True
         transport = self._transport
         assert transport is not None and self._source is not None
         if transport.is_closing():

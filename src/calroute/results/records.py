@@ -38,9 +38,17 @@ RECORD_FIELDS: tuple[str, ...] = (
     "status",
     "error",
     "cached_tokens",
+    "priced_prompt_tokens",
+    "predicted_cached_tokens",
+    "prompt_estimated",
 )
-# Fields that records written before them lack; read as their defaults.
-_LATER_FIELDS: Final = {"cached_tokens": 0}
+# Fields that records written before them lack; read as their defaults (priced_prompt_tokens: prompt_tokens).
+_LATER_FIELDS: Final = {
+    "cached_tokens": 0,
+    "priced_prompt_tokens": None,
+    "predicted_cached_tokens": 0,
+    "prompt_estimated": False,
+}
 
 
 class RequestRecord(SlottedValue):
@@ -69,6 +77,13 @@ class RequestRecord(SlottedValue):
         status: RequestStatus,
         error: str | None = None,
         cached_tokens: int = 0,  # prompt tokens the prefill engine served from its prefix cache
+        # What the router priced at admission: the prompt's length (None: prompt_tokens, as in the simulator,
+        # where the two are one) and the tokens its prefix index expected the chosen prefill engine to hold;
+        # prompt_estimated: that length was estimated from characters (a live prompt with no tokenizer).
+        # prompt_tokens and cached_tokens are what the engine reported, where it did.
+        priced_prompt_tokens: int | None = None,
+        predicted_cached_tokens: int = 0,
+        prompt_estimated: bool = False,
     ) -> None:
         self.request_id: Final = request_id
         self.slo_class: Final = slo_class
@@ -86,6 +101,11 @@ class RequestRecord(SlottedValue):
         self.status: Final = status
         self.error: Final = error
         self.cached_tokens: Final = cached_tokens
+        self.priced_prompt_tokens: Final[int] = (
+            prompt_tokens if priced_prompt_tokens is None else priced_prompt_tokens
+        )
+        self.predicted_cached_tokens: Final = predicted_cached_tokens
+        self.prompt_estimated: Final = prompt_estimated
 
     @property
     def ttft_s(self) -> float | None:
@@ -195,13 +215,22 @@ def _line(rec: RequestRecord, memo: dict[str, str]) -> str:
         f'"decode_id":{"null" if dec is None else _memo_quote(dec, memo)},"arrival_s":{_time(rec.arrival_s)},'
         f'"prefill_done_s":{_time(rec.prefill_done_s)},"first_token_s":{_time(rec.first_token_s)},'
         f'"last_token_s":{_time(rec.last_token_s)},"status":{_status_json(rec.status)},'
-        f'"error":{"null" if err is None else _quote(err)},"cached_tokens":{rec.cached_tokens}}}\n'
+        f'"error":{"null" if err is None else _quote(err)},"cached_tokens":{rec.cached_tokens},'
+        f'"priced_prompt_tokens":{rec.priced_prompt_tokens},'
+        f'"predicted_cached_tokens":{rec.predicted_cached_tokens},'
+        f'"prompt_estimated":{"true" if rec.prompt_estimated else "false"}}}\n'
     )
 
 
 def record_to_json(rec: RequestRecord) -> str:
     """One JSON object, keys in RECORD_FIELDS order."""
     return _line(rec, {})[:-1]
+
+
+def _bool(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"prompt_estimated must be true or false, got {value!r}")
+    return value
 
 
 def record_from_json(line: str) -> RequestRecord:
@@ -227,6 +256,9 @@ def record_from_json(line: str) -> RequestRecord:
             status=RequestStatus(d["status"]),
             error=d["error"],
             cached_tokens=int(d.get("cached_tokens", 0)),
+            priced_prompt_tokens=None if (priced := d.get("priced_prompt_tokens")) is None else int(priced),
+            predicted_cached_tokens=int(d.get("predicted_cached_tokens", 0)),
+            prompt_estimated=_bool(d.get("prompt_estimated", False)),
         )
     except (ValueError, TypeError, KeyError) as e:
         raise ConfigError(f"bad request record {line[:200]!r}: {e}") from e

@@ -21,6 +21,7 @@ class SimRequest:
         "decode_id",
         "cached_prefill_tokens",
         "cached_decode_tokens",
+        "predicted_cached_tokens",
         "prefill_left_tokens",
         "prefill_kv_held",
         "join_step",
@@ -44,6 +45,7 @@ class SimRequest:
         prefill_id: str,
         decode_id: str,
         prefix_blocks: tuple[int, ...] = (),
+        predicted_cached_tokens: int = 0,
     ) -> None:
         self.request_id = request_id
         self.arrival_s = arrival_s
@@ -58,6 +60,7 @@ class SimRequest:
         # prompt tokens each engine served from its prefix cache
         self.cached_prefill_tokens = 0
         self.cached_decode_tokens = 0
+        self.predicted_cached_tokens = predicted_cached_tokens  # what the router's index expected of it
         # prefill progress
         self.prefill_left_tokens = 0
         self.prefill_kv_held = False

@@ -241,6 +241,7 @@ class ClusterSim:
             decision.prefill_id,
             decision.decode_id,
             prefix_blocks,
+            d.match.get(decision.prefill_id, 0) if d.match else 0,
         )
         self._in_flight += 1
         self.prefill[decision.prefill_id].enqueue(req)
@@ -312,6 +313,7 @@ class ClusterSim:
                 status=RequestStatus.OK,
                 error=None,
                 cached_tokens=req.cached_prefill_tokens,
+                predicted_cached_tokens=req.predicted_cached_tokens,
             )
         )
 
