@@ -19,9 +19,10 @@ ENGINE_KEEPALIVE_S = 4.0
 SLOW_STEPS_PER_TOKEN = 4.0
 # A client that leaves while its prefill runs: the prefill engine's answer is still awaited this long. One
 # that comes (the prefill ended as the client left) is released through its decode engine (release.py);
-# then the request is closed, which vLLM aborts, freeing its blocks at once. Without the wait, a prefill
-# that ended in the instant before the close keeps its blocks until vLLM's lease expires (30 s).
-PREFILL_GRACE_S = 0.1
+# then the request is closed, which vLLM aborts, freeing its blocks at once. A prefill whose last step runs
+# as the abort arrives still ends as done and keeps its blocks until vLLM's lease expires (30 s): the wait
+# makes that rarer, at the cost of at most this much more prefill for a client that left.
+PREFILL_GRACE_S = 0.5
 
 # ---- what an engine's answer may weigh (engines are not trusted with the proxy's memory) ------------------
 # A whole answer: a prefill's, a non-streamed completion's, an engine's 4xx. The largest honest one is a JSON
