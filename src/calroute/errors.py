@@ -8,7 +8,8 @@ listed here (tests/test_errors.py checks both).
   - CalibrationError: a calibration file that cannot be read or fitted
   - cluster: EngineStartError, EngineStopError (procs.py: a process group that would not start or stop)
   - contract: BadMessage (kv_events.py, also a ValueError: a KV-event message the subscriber will not apply,
-    with its kind), TokenizeError (tokenizer.py, also a ValueError: a prompt a tokenizer cannot read)
+    with its kind), TokenizeError (tokenizer.py, also a ValueError: a prompt a tokenizer cannot read),
+    TokenizerUnavailable (tokenizer.py: a tokenizer that could not answer, an engine's /tokenize gone)
   - tokenizer: _Unreadable (template.py: a chat template whose content loops cannot be followed)
   - emulator: ApiError (api.py: a request the emulator refuses, with vLLM's status and body); PullFailed
     (request.py: a KV pull the prefill engine could not serve)

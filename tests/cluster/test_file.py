@@ -10,7 +10,10 @@ import pytest
 
 from calroute.cli.common import load_tokenizer
 from calroute.cluster.file import EMULATOR_TOKENIZER, ClusterFile
+from calroute.contract.tokenizer import AsyncTokenizer
+from calroute.emulator.api import EmulatorTokenizer
 from calroute.errors import ConfigError
+from calroute.proxy.engine_tokenizer import EngineTokenizer
 
 
 def cluster(kind: str = "vllm", **extra: Any) -> dict[str, Any]:
@@ -56,7 +59,9 @@ def test_a_bad_tokenizer_value_is_an_error_naming_the_field(bad: Any) -> None:
 def test_the_cli_builds_the_tokenizer_the_file_names(tmp_path: Path) -> None:
     assert load_tokenizer(ClusterFile.from_dict(cluster())) is None
     emulated = load_tokenizer(ClusterFile.from_dict(cluster("emulated")))
-    assert emulated is not None and emulated.name == "emulator"
+    assert isinstance(emulated, EmulatorTokenizer) and emulated.name == "emulator"
     assert emulated.prompt_ids({"prompt": [5, 6]}, False) == [5, 6]
+    engine = load_tokenizer(ClusterFile.from_dict(cluster("emulated", tokenizer="engine")))
+    assert isinstance(engine, EngineTokenizer) and isinstance(engine, AsyncTokenizer)
     with pytest.raises(ConfigError):
         load_tokenizer(ClusterFile.from_dict(cluster(tokenizer=str(tmp_path / "missing"))))

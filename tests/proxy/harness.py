@@ -7,7 +7,7 @@ import threading
 from types import TracebackType
 
 from calroute.cli.common import load_tokenizer
-from calroute.contract.tokenizer import Tokenizer
+from calroute.contract.tokenizer import AsyncTokenizer, Tokenizer
 from calroute.emulator.api import EmulatorTokenizer
 from calroute.proxy.app import Proxy
 from calroute.proxy.config import ProxyConfig
@@ -20,7 +20,9 @@ class RunningProxy:
     """The proxy with the tokenizer its cluster file names, as `calroute serve` builds it, unless told
     otherwise (``tokenizer=None``: none)."""
 
-    def __init__(self, cfg: ProxyConfig, tokenizer: Tokenizer | None | str = FROM_CLUSTER) -> None:
+    def __init__(
+        self, cfg: ProxyConfig, tokenizer: Tokenizer | AsyncTokenizer | None | str = FROM_CLUSTER
+    ) -> None:
         chosen = load_tokenizer(cfg.cluster) if isinstance(tokenizer, str) else tokenizer
         self.proxy = Proxy(cfg, chosen)
         self._loop = asyncio.new_event_loop()

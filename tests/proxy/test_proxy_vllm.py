@@ -20,6 +20,7 @@ from calroute.cluster.procs import stop_process_group
 from calroute.proxy.config import ProxyConfig
 from calroute.results.records import RequestRecord, read_records
 from calroute.routing.block_hash import block_hashes
+from calroute.tokenizer.hf import HfTokenizer
 from calroute.types import RequestStatus
 from tests.emulator.http import metric, request, stream
 from tests.faults.test_clients_that_leave import client as leaving_client
@@ -214,6 +215,7 @@ def test_chat_prompts_match_real_vllms_cache_through_the_models_tokenizer(
                 time.sleep(0.05)
 
         def cached_on(engine_id: str, body: dict[str, object]) -> Callable[[], bool]:
+            assert isinstance(tokenizer, HfTokenizer)
             ids = tokenizer.prompt_ids(body, True)
             full = len(ids) // 128 * 128
             return lambda: index.match(block_hashes(ids, 128)).get(engine_id, 0) == full

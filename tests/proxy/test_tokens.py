@@ -32,6 +32,9 @@ class Words:
         self.off = off
         self.threads: set[str] = set()
 
+    def counters(self) -> Mapping[str, float]:
+        return {"calls_total": len(self.threads)}
+
     def prompt_ids(self, body: Mapping[str, Any], chat: bool) -> list[int]:
         import threading
 
@@ -150,6 +153,11 @@ def test_the_priced_length_is_the_tokenizers_and_a_drift_from_the_engine_is_coun
     assert len(priced) == 2
     assert f'"prompt_tokens":{7 + off}' in priced[0].replace(" ", "")
     assert f'"prompt_tokens":{6 + off}' in priced[1].replace(" ", "")
+    # the records: what the router priced beside what the engine reported (the fakes count 7 and 6)
+    recs = p.records()
+    assert [(r.priced_prompt_tokens, r.prompt_tokens) for r in recs] == [(7 + off, 7), (6 + off, 6)]
+    assert not any(r.prompt_estimated for r in recs)
+    assert p.metric("calroute_tokenizer_calls_total") >= 1  # the tokenizer's own counters, exported
 
 
 def test_without_a_tokenizer_text_is_estimated_and_counted_and_token_ids_are_not(tmp_path: Path) -> None:
@@ -165,3 +173,4 @@ def test_without_a_tokenizer_text_is_estimated_and_counted_and_token_ids_are_not
     p = run(go())
     assert p.metric("calroute_prompt_length_estimated_total") == 2
     assert p.metric("calroute_prompt_tokens_mismatch_total") == 0
+    assert [r.prompt_estimated for r in p.records()] == [True, True, False]

@@ -4,6 +4,7 @@ vLLM renders it (the rendered text pinned here, its ids the tokenizer's own), an
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -419,3 +420,16 @@ def test_no_template_is_vllms_error(make_tok: MakeModel) -> None:
 
 def test_the_fixture_template_is_in_the_string_format(tok: HfTokenizer) -> None:
     assert tok._renderer.content_format(TEMPLATE) == "string"
+
+
+def test_its_counters_are_its_prefix_stores(model_dir: Path) -> None:
+    tok = HfTokenizer(model_dir)
+    system = "You answer in one line. " * 200
+    for user in ("first question", "second question"):
+        tok.prompt_ids(
+            {"messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]}, True
+        )
+    c = tok.counters()
+    assert c["prefix_store_enabled"] == 1.0 and c["prefix_store_entries"] >= 1
+    assert c["prefix_store_hits_total"] >= 1 and c["prefix_store_mismatches_total"] == 0
+    assert HfTokenizer(model_dir, prefix_store_chars=0).counters() == {"prefix_store_enabled": 0.0}

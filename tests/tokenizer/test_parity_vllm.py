@@ -9,6 +9,7 @@ decode engine.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ import pytest
 from calroute.cluster import vllm
 from calroute.cluster.file import ClusterFile
 from calroute.contract.tokenizer import TokenizeError
+from calroute.proxy.engine_tokenizer import EngineTokenizer
 from calroute.tokenizer import HfTokenizer
 from tests.conftest import REPO
 from tests.emulator.http import request
@@ -61,6 +63,25 @@ def test_every_id_equals_vllms(engine: str, tok: HfTokenizer) -> None:
             )
     assert not mismatched, "\n".join(mismatched)
     assert longest >= 8000  # the long prompts are ~8k tokens (/tokenize does not check the context length)
+
+
+def test_the_engine_tokenizer_gives_the_same_ids(engine: str, tok: HfTokenizer) -> None:
+    """``tokenizer: engine`` (proxy/engine_tokenizer.py) sends /tokenize only the fields it reads: the ids
+    are those of the model's files, every one, over the corpus."""
+
+    async def go() -> list[str]:
+        remote = EngineTokenizer({"prefill-0": engine}, max_model_len=8192)
+        try:
+            return [
+                case_id
+                for case_id, body in CORPUS
+                if await remote.prompt_ids_async(body, "messages" in body)
+                != tok.prompt_ids(body, "messages" in body)
+            ]
+        finally:
+            remote.close()
+
+    assert asyncio.run(go()) == []
 
 
 @pytest.mark.parametrize(

@@ -14,8 +14,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from calroute.cluster.file import EMULATOR_TOKENIZER, ClusterFile
-from calroute.contract.tokenizer import Tokenizer
+from calroute.cluster.file import EMULATOR_TOKENIZER, ENGINE_TOKENIZER, ClusterFile
+from calroute.contract.tokenizer import AsyncTokenizer, Tokenizer
 from calroute.costmodel.calibration import Calibration
 from calroute.costmodel.profiles import (
     DEFAULT_PROFILE,
@@ -167,11 +167,20 @@ def load_profile(
     return replace(hw, calibration=with_slo(hw.calibration, slo))
 
 
-def load_tokenizer(cluster: ClusterFile) -> Tokenizer | None:
-    """The tokenizer the cluster file names (its ``tokenizer`` field): the emulator's, or the served model's
-    from its Hugging Face files; None when it names none. A ConfigError names a folder it cannot read."""
+def load_tokenizer(
+    cluster: ClusterFile, engine_api_key: str | None = None
+) -> Tokenizer | AsyncTokenizer | None:
+    """The tokenizer the cluster file names (its ``tokenizer`` field): the emulator's, the engines' own
+    /tokenize, or the served model's from its Hugging Face files; None when it names none. A ConfigError
+    names a folder it cannot read."""
     if cluster.tokenizer is None:
         return None
+    if cluster.tokenizer == ENGINE_TOKENIZER:
+        from calroute.proxy.engine_tokenizer import engine_tokenizer
+
+        headers = {"Authorization": f"Bearer {engine_api_key}"} if engine_api_key else None
+        pools = [*cluster.prefill, *cluster.decode]
+        return engine_tokenizer([(e.id, e.url) for e in pools], cluster.max_model_len, headers)
     if cluster.tokenizer == EMULATOR_TOKENIZER:
         from calroute.emulator.api import EmulatorTokenizer
 

@@ -204,7 +204,7 @@ def serve(
             admin_token=os.environ.get("CALROUTE_ADMIN_TOKEN") or None,
             engine_api_key=os.environ.get("CALROUTE_ENGINE_API_KEY") or None,
         )
-        tokenizer = load_tokenizer(c)
+        tokenizer = load_tokenizer(c, cfg.engine_api_key)
         if tokenizer is None:
             err.print(
                 "[yellow]warning:[/] the cluster file names no tokenizer: text and chat prompts' lengths are "

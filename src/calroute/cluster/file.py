@@ -15,6 +15,8 @@ from calroute.types import InstanceSpec, Role
 SCHEMA_VERSION = 1
 KINDS = ("emulated", "vllm", "external")
 EMULATOR_TOKENIZER = "emulator"  # the tokenizer field's value naming the emulator's tokenizer
+ENGINE_TOKENIZER = "engine"  # ... naming the engines' own /tokenize endpoint (vLLM's)
+NAMED_TOKENIZERS = (EMULATOR_TOKENIZER, ENGINE_TOKENIZER)
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,8 @@ class ClusterFile:
     # counts of cached tokens land on the engines' block boundaries (None: the emulator's 16).
     block_tokens: int | None = None
     # The served model's tokenizer, which the proxy prices and hashes prompts with (docs/proxy.md,
-    # "Tokens"): "emulator" (the emulator's), or a folder in Hugging Face's layout (tokenizer.json and
+    # "Tokens"): "emulator" (the emulator's), "engine" (each request's prompt tokenized by an engine's own
+    # /tokenize, vLLM's, over HTTP), or a folder in Hugging Face's layout (tokenizer.json and
     # tokenizer_config.json or chat_template.jinja; a relative one is read from the cluster file's folder).
     # None: the proxy estimates text prompts' lengths and matches only token-id prompts against the caches.
     # A file without the field reads as "emulator" for an emulated cluster, None otherwise.
@@ -51,7 +54,7 @@ class ClusterFile:
 
     def __post_init__(self) -> None:
         if self.tokenizer is not None and (not isinstance(self.tokenizer, str) or not self.tokenizer):
-            raise ConfigError(f"tokenizer must be 'emulator' or a folder, got {self.tokenizer!r}")
+            raise ConfigError(f"tokenizer must be 'emulator', 'engine' or a folder, got {self.tokenizer!r}")
         if self.block_tokens is not None and self.block_tokens < 1:
             raise ConfigError(f"block_tokens must be >= 1, got {self.block_tokens}")
         if self.kind not in KINDS:
@@ -131,6 +134,6 @@ class ClusterFile:
             raise ConfigError(f"cluster file {path} is not YAML: {e}") from e
         file = cls.from_dict(data, str(path))
         tokenizer = file.tokenizer
-        if tokenizer is not None and tokenizer != EMULATOR_TOKENIZER and not Path(tokenizer).is_absolute():
+        if tokenizer is not None and tokenizer not in NAMED_TOKENIZERS and not Path(tokenizer).is_absolute():
             file = replace(file, tokenizer=str((path.parent / tokenizer).resolve()))
         return file

@@ -149,6 +149,9 @@ class EmulatorTokenizer:
         except ApiError as e:
             raise TokenizeError(str(e)) from e
 
+    def counters(self) -> Mapping[str, float]:
+        return {}
+
 
 def parse(body: Any, chat: bool, model_name: str, max_model_len: int) -> Parsed:
     if not isinstance(body, dict):

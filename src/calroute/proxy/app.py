@@ -15,7 +15,7 @@ from typing import IO, Any
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from calroute.contract.blocks import BLOCK_TOKENS
-from calroute.contract.tokenizer import Tokenizer
+from calroute.contract.tokenizer import AsyncTokenizer, Tokenizer
 from calroute.policies import check_live_policy, make_policy
 from calroute.proxy import admin, surface
 from calroute.proxy.config import ENGINE_KEEPALIVE_S, ProxyConfig
@@ -48,7 +48,7 @@ class Proxy:
     def __init__(
         self,
         cfg: ProxyConfig,
-        tokenizer: Tokenizer | None,
+        tokenizer: Tokenizer | AsyncTokenizer | None,
         engines: Mapping[str, EngineClient] | None = None,
         probe: ProbeFactory | None = None,
     ) -> None:
@@ -91,7 +91,9 @@ class Proxy:
             probe=probe,
             probe_max_bytes=cfg.answer_limits.max_probe_bytes,
         )
-        self.metrics = ProxyMetrics(self._live, self._prices)
+        self.metrics = ProxyMetrics(
+            self._live, self._prices, tokenizer.counters if tokenizer is not None else None
+        )
         self._loop_lag = LoopLag(self.metrics.loop_lag.observe)
         self.prompt_length = PromptLength()
         self.urls = {e.id: e.url for e in cfg.cluster.engines}

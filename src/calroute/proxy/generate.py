@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from calroute.contract import handoff
-from calroute.contract.tokenizer import Tokenizer
+from calroute.contract.tokenizer import AsyncTokenizer, Tokenizer
 from calroute.errors import NoCandidateError
 from calroute.proxy.config import PREFILL_GRACE_S, SLOW_STEPS_PER_TOKEN, ProxyConfig
 from calroute.proxy.engine_client import EngineAnswer, EngineClient, UpstreamError
@@ -84,7 +84,7 @@ class Generation:
         endpoints: Mapping[str, EngineClient],
         engine_headers: Mapping[str, str],
         now: Callable[[], float],
-        tokenizer: Tokenizer | None,
+        tokenizer: Tokenizer | AsyncTokenizer | None,
         kv_events: KvEventSubscriber | None,
         writer: Callable[[], RecordWriter | None],
     ) -> None:
@@ -103,7 +103,9 @@ class Generation:
         # releases the GIL while it encodes (tokenizer/hf.py), which is what costs: milliseconds for an
         # 8k-token prompt. (The emulator's tokenizer is Python and holds it.)
         self._tokenize_pool = (
-            ThreadPoolExecutor(1, thread_name_prefix="calroute-tokenize") if tokenizer is not None else None
+            ThreadPoolExecutor(1, thread_name_prefix="calroute-tokenize")
+            if tokenizer is not None and not isinstance(tokenizer, AsyncTokenizer)
+            else None
         )
         # Request ids: a random 64-bit prefix per proxy process, then a counter. Unique across proxies and
         # restarts as uuid4 would be (and as long), without a getrandom call per request.
@@ -119,6 +121,8 @@ class Generation:
         if self._tokenize_pool is not None:
             self._tokenize_pool.shutdown(wait=False, cancel_futures=True)
         self.releases.close()
+        if isinstance(self.tokenizer, AsyncTokenizer):
+            self.tokenizer.close()
 
     @property
     def policy_name(self) -> str:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.175, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
@@ -47,13 +47,31 @@ class _LiveCollector(Collector):
         )
 
 
+class _TokenizerCollector(Collector):
+    """The tokenizer's own counters (contract.tokenizer: ``counters``), read at scrape time."""
+
+    def __init__(self, read: Callable[[], Mapping[str, float]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        for name, value in sorted(self._read().items()):
+            full = f"calroute_tokenizer_{name}"
+            if name.endswith("_total"):
+                yield CounterMetricFamily(full.removesuffix("_total"), "The tokenizer's count.", value)
+            else:
+                yield GaugeMetricFamily(full, "The tokenizer's reading.", value)
+
+
 class ProxyMetrics:
     def __init__(
         self,
         live: Callable[[], list[tuple[str, bool, float | None]]],
         prices: Callable[[], tuple[float, float]],
+        tokenizer_counters: Callable[[], Mapping[str, float]] | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
+        if tokenizer_counters is not None:
+            self.registry.register(_TokenizerCollector(tokenizer_counters))
         self.requests = Counter(
             "calroute_requests",
             "Requests by policy, chosen engines and terminal status.",

@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 from calroute.contract.blocks import BLOCK_TOKENS
-from calroute.contract.tokenizer import TokenizeError, Tokenizer
+from calroute.contract.tokenizer import AsyncTokenizer, TokenizeError, Tokenizer
 from calroute.routing.block_hash import PromptBlocks
 
 # On a streamed answer: the prompt tokens the prefill engine served from its prefix cache, as it said (the
@@ -32,7 +32,7 @@ def cached_tokens(out: dict[str, Any], kv: Any) -> int:
 def prompt_blocks(
     body: dict[str, Any],
     chat: bool,
-    tokenizer: Tokenizer | None,
+    tokenizer: Tokenizer | AsyncTokenizer | None,
     block_tokens: int = BLOCK_TOKENS,
     prompt_ids: npt.NDArray[np.uint64] | None = None,
 ) -> PromptBlocks:
@@ -51,7 +51,7 @@ def prompt_blocks(
     prompt = body.get("prompt")
     if not chat and isinstance(prompt, list) and prompt and type(prompt[0]) is int:
         return PromptBlocks(prompt, block_tokens)
-    if tokenizer is None:
+    if tokenizer is None or isinstance(tokenizer, AsyncTokenizer):  # an async one answered at boarding
         return PromptBlocks([], block_tokens)
     try:
         return PromptBlocks(tokenizer.prompt_ids(body, chat), block_tokens)

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from concurrent.futures import Executor
 from typing import Any, NamedTuple
 
-from calroute.contract.tokenizer import TokenizeError, Tokenizer
+from calroute.contract.tokenizer import AsyncTokenizer, TokenizeError, Tokenizer, TokenizerUnavailable
 
 # A text prompt up to this many characters (about 1,000 tokens, well under a millisecond to tokenize) is
 # tokenized on the event loop: a hop to the tokenizer's thread and back costs more.
@@ -86,7 +86,7 @@ class Refused(NamedTuple):
 
 
 async def exact_prompt(
-    tokenizer: Tokenizer,
+    tokenizer: Tokenizer | AsyncTokenizer,
     pool: Executor | None,
     body: Mapping[str, Any],
     chat: bool,
@@ -95,13 +95,18 @@ async def exact_prompt(
 ) -> list[int] | Refused | None:
     """The prompt's token ids as the engine will prefill them; Refused when the engine would answer 400 (a
     chat template that fails or refuses the messages, a prompt past the model's length); None for a
-    completions prompt the tokenizer does not read (a batch of prompts: the engine judges it). A prompt of
-    more than INLINE_TOKENIZE_CHARS characters is tokenized on ``pool``, off the event loop."""
+    completions prompt the tokenizer does not read (a batch of prompts: the engine judges it), or when an
+    AsyncTokenizer could not answer. A prompt of more than INLINE_TOKENIZE_CHARS characters is tokenized
+    on ``pool``, off the event loop; an AsyncTokenizer is awaited."""
     try:
-        if pool is None or (prompt_chars or 0) <= INLINE_TOKENIZE_CHARS:
+        if isinstance(tokenizer, AsyncTokenizer):
+            ids = await tokenizer.prompt_ids_async(body, chat)
+        elif pool is None or (prompt_chars or 0) <= INLINE_TOKENIZE_CHARS:
             ids = tokenizer.prompt_ids(body, chat)
         else:
             ids = await asyncio.get_running_loop().run_in_executor(pool, tokenizer.prompt_ids, body, chat)
+    except TokenizerUnavailable:
+        return None
     except TokenizeError as e:
         return Refused(str(e)) if chat else None
     if len(ids) > max_model_len:

@@ -112,6 +112,23 @@ class HfTokenizer:
             else None
         )
 
+    def counters(self) -> Mapping[str, float]:
+        """The prefix store's (prefix_store.py): its hits, misses, valve checks, mismatches (a mismatch turns
+        it off) and evictions, the texts and characters it holds, whether it is on."""
+        store = self.prefix_store
+        if store is None:
+            return {"prefix_store_enabled": 0.0}
+        return {
+            "prefix_store_enabled": 1.0 if store.enabled else 0.0,
+            "prefix_store_hits_total": store.hits,
+            "prefix_store_misses_total": store.misses,
+            "prefix_store_checks_total": store.checks,
+            "prefix_store_mismatches_total": store.mismatches,
+            "prefix_store_evictions_total": store.evictions,
+            "prefix_store_entries": len(store),
+            "prefix_store_chars": store.chars,
+        }
+
     def prompt_ids(self, body: Mapping[str, Any], chat: bool) -> list[int]:
         if not isinstance(body, Mapping):
             raise TokenizeError("the request body must be a JSON object")
