@@ -341,9 +341,12 @@ class Generation:
     async def _prefill_left(self, exchange: asyncio.Future[tuple[int, bytes]], f: Flight) -> None:
         """The client left during the prefill (PREFILL_GRACE_S): an answer that comes within the grace
         leaves its KV params for the release; else the engine's request is closed, which vLLM aborts."""
-        done, _ = await asyncio.wait({exchange}, timeout=PREFILL_GRACE_S)
+        try:
+            done, _ = await asyncio.wait({exchange}, timeout=PREFILL_GRACE_S)
+        finally:
+            if not exchange.done():  # no answer in the grace (or the wait was cancelled too): close it
+                exchange.cancel()
         if not done:
-            exchange.cancel()
             return
         if exchange.cancelled() or exchange.exception() is not None:
             return
