@@ -224,6 +224,11 @@ def test_simulate_any_shared_trace(name: str, args: list[str]) -> None:
         (["--workload", "chat", "--rate", "1", "--prefix-source", "psychic"], "unknown prefix source"),
         (["--workload", "chat", "--rate", "1", "--calibration", "/no/cal.json"], "cannot read calibration"),
         (
+            ["--workload", "chat", "--rate", "1", "--kv-capacity-tokens", "0"],
+            "--kv-capacity-tokens must be >= 1",
+        ),
+        (["--workload", "chat", "--rate", "1", "--max-num-seqs", "-3"], "--max-num-seqs must be >= 1"),
+        (
             [
                 "--trace",
                 str(
@@ -374,3 +379,34 @@ def test_sigterm_stops_every_process_a_live_experiment_started(tmp_path: Path, s
                     stop_process_group(os.getpgid(int(line.split()[1].rstrip(":"))), timeout_s=1.0)
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
+
+
+def test_the_engine_limits_are_settable_and_recorded() -> None:
+    """--kv-capacity-tokens and the other limits replace the profile's, on the simulated engines, and the
+    summary says which were used: at 4,000 tokens a document's longer requests are refused."""
+    args = ["simulate", "--workload", "document", "--rate", "2", "--requests", "60", "--json"]
+    args += ["--policies", "round_robin"]
+    code, out, err = invoke(*args)
+    assert code == 0, err
+    default = json.loads(out)
+    assert (
+        default["engine_limits"]["kv_capacity_tokens"]
+        == get_profile(DEFAULT_PROFILE).limits.kv_capacity_tokens
+    )
+    code, out, err = invoke(
+        *args, "--kv-capacity-tokens", "4000", "--max-model-len", "4000", "--max-num-seqs", "8"
+    )
+    assert code == 0, err
+    small = json.loads(out)
+    assert small["engine_limits"] | {"max_batched_tokens": 0} == {
+        **default["engine_limits"],
+        "kv_capacity_tokens": 4000,
+        "max_model_len": 4000,
+        "max_num_seqs": 8,
+        "max_batched_tokens": 0,
+    }
+
+    def refused(doc: dict[str, Any]) -> int:
+        return sum(int(r["status_counts"].get("rejected", 0)) for r in doc["runs"])
+
+    assert refused(small) > refused(default)

@@ -1,8 +1,16 @@
-"""The emulator's model: its greedy tokens and prompt texts are pinned (every emulated run's output is)."""
+"""The emulator's model: its greedy tokens and prompt texts are pinned (every emulated run's output is), and
+its tokenizer is what it serves."""
 
 from __future__ import annotations
 
+import aiohttp
+
 from calroute.emulator import tokens
+from calroute.emulator.api import EmulatorTokenizer
+from calroute.emulator.group import RunningEngine
+from calroute.types import Role
+from tests.emulator.emulated import run_group
+from tests.tokenizer.corpus import corpus
 
 
 def test_fixed_values_do_not_drift() -> None:
@@ -13,3 +21,26 @@ def test_fixed_values_do_not_drift() -> None:
 def test_a_text_of_n_tokens_encodes_to_n_tokens() -> None:
     for n in (0, 1, 17, 300):
         assert len(tokens.encode(tokens.text_of_tokens(n, salt=n))) == n + 1  # and the BOS
+
+
+def test_the_emulators_tokenizer_is_what_it_serves_on_the_parity_corpus() -> None:
+    """The corpus of tests/tokenizer (every form of text and chat): EmulatorTokenizer's ids are the emulator's
+    /tokenize ids and its ``usage.prompt_tokens``, for every body."""
+    tok = EmulatorTokenizer()
+
+    async def test(engines: list[RunningEngine], s: aiohttp.ClientSession) -> None:
+        (e,) = engines
+        wrong = []
+        for case_id, case in corpus():
+            chat = "messages" in case
+            body = {**case, "model": "emulated", "max_tokens": 1}
+            ids = tok.prompt_ids(body, chat)
+            async with s.post(f"{e.url}/tokenize", json=body) as r:
+                served = (await r.json())["tokens"]
+            async with s.post(f"{e.url}/v1/{'chat/completions' if chat else 'completions'}", json=body) as r:
+                usage = (await r.json())["usage"]["prompt_tokens"]
+            if not (ids == served and usage == len(ids)):
+                wrong.append(case_id)
+        assert wrong == []
+
+    run_group(test, roles=(Role.DECODE,))

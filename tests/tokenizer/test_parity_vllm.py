@@ -18,6 +18,7 @@ from calroute.cluster import vllm
 from calroute.cluster.file import ClusterFile
 from calroute.contract.tokenizer import TokenizeError
 from calroute.proxy.engine_tokenizer import EngineTokenizer
+from calroute.proxy.prompt_length import Refused, exact_prompt
 from calroute.tokenizer import HfTokenizer
 from tests.conftest import REPO
 from tests.emulator.http import request
@@ -95,6 +96,32 @@ def test_usage_prompt_tokens_is_the_length_of_the_ids(
     status, answer = request(f"{engine}/v1/{'chat/completions' if chat else 'completions'}", body)
     assert status == 200, answer
     assert answer["usage"]["prompt_tokens"] == len(tok.prompt_ids(body, chat))
+
+
+def test_every_priced_length_is_the_engines_usage(
+    engine: str, tok: HfTokenizer, real_vllm_cluster: ClusterFile
+) -> None:
+    """Every corpus body as a one-token request: the engine's ``usage.prompt_tokens`` is the length the
+    proxy prices (its tokenizer's ids), and a body past the model's length is refused by both (exact_prompt
+    with vLLM's words, the engine with a 400)."""
+    limit = real_vllm_cluster.max_model_len
+    wrong, served, refused = [], 0, 0
+    for case_id, case in CORPUS:
+        body: dict[str, Any] = {**case, "model": real_vllm_cluster.model, "max_tokens": 1}
+        chat = "messages" in body
+        ids = tok.prompt_ids(body, chat)
+        status, answer = request(f"{engine}/v1/{'chat/completions' if chat else 'completions'}", body)
+        priced = asyncio.run(exact_prompt(tok, None, body, chat, None, limit))
+        if len(ids) + 1 > limit:  # the prompt and its one token do not fit
+            refused += 1
+            if status != 400 or (len(ids) > limit and not isinstance(priced, Refused)):
+                wrong.append(f"{case_id}: {len(ids)} ids, the engine answered {status}")
+            continue
+        served += 1
+        if status != 200 or answer["usage"]["prompt_tokens"] != len(ids) or priced != ids:
+            wrong.append(f"{case_id}: {len(ids)} ids, the engine answered {status}: {str(answer)[:200]}")
+    assert not wrong, "\n".join(wrong)
+    assert served >= 200 and refused >= 1
 
 
 REFUSED = {

@@ -3,11 +3,11 @@ hardware profile a command falls back to."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -151,17 +151,73 @@ def slo_option(spec: str) -> SloSpec:
         raise ConfigError(f"--slo: {e}") from e
 
 
+# The engines' limits, settable on every command that models engines (simulate, tune, engines up/emulate):
+# the profile's by default (the paper's 60,000-token KV budget for a40-qwen2.5-3b).
+KvCapacityOption = Annotated[
+    int | None,
+    typer.Option(
+        "--kv-capacity-tokens",
+        help=(
+            "each engine's KV capacity in tokens (default: the profile's, the paper's 60,000; an A40 "
+            "serving Qwen2.5-3B holds about 1,000,000 at 36 KiB a token)"
+        ),
+    ),
+]
+MaxModelLenOption = Annotated[
+    int | None,
+    typer.Option("--max-model-len", help="the engines' longest prompt + output (default: the profile's)"),
+]
+MaxBatchedTokensOption = Annotated[
+    int | None,
+    typer.Option(
+        "--max-batched-tokens",
+        help="prefill tokens per engine step, chunked beyond it (default: the profile's)",
+    ),
+]
+MaxNumSeqsOption = Annotated[
+    int | None, typer.Option("--max-num-seqs", help="sequences per engine batch (default: the profile's)")
+]
+LIMIT_OPTIONS = {
+    "kv_capacity_tokens": "--kv-capacity-tokens",
+    "max_model_len": "--max-model-len",
+    "max_batched_tokens": "--max-batched-tokens",
+    "max_num_seqs": "--max-num-seqs",
+}
+
+
+def limit_overrides(**given: int | None) -> dict[str, int]:
+    """The engine limits a command was given (LIMIT_OPTIONS' fields), each checked: a ConfigError names the
+    option of a value below 1."""
+    out = {}
+    for name, value in given.items():
+        if name not in LIMIT_OPTIONS:
+            raise ValueError(f"not an engine limit: {name}")
+        if value is None:
+            continue
+        if value < 1:
+            raise ConfigError(f"{LIMIT_OPTIONS[name]} must be >= 1, got {value}")
+        out[name] = value
+    return out
+
+
 def load_profile(
-    profile: str | None = None, calibration: Path | Calibration | None = None, slo: SloSpec | None = None
+    profile: str | None = None,
+    calibration: Path | Calibration | None = None,
+    slo: SloSpec | None = None,
+    limits: Mapping[str, int] | None = None,
 ) -> HardwareProfile:
     """The hardware a command models: the named profile (default: DEFAULT_PROFILE), or with a calibration
     (a file, or one at hand) that calibration's curves and constants under the profile's engine limits;
-    with ``slo``, judged by that spec's targets (resolved on this hardware's calibration)."""
+    ``limits`` (limit_overrides) in place of those; with ``slo``, judged by that spec's targets (resolved on
+    this hardware's calibration)."""
+    base = get_profile(profile or DEFAULT_PROFILE)
     if calibration is not None:
         cal = Calibration.load(calibration) if isinstance(calibration, Path) else calibration
-        hw = profile_from_calibration(cal, get_profile(profile or DEFAULT_PROFILE).limits)
+        hw = profile_from_calibration(cal, base.limits)
     else:
-        hw = get_profile(profile or DEFAULT_PROFILE)
+        hw = base
+    if limits:
+        hw = replace(hw, limits=replace(hw.limits, **limits))
     if slo is None or slo.is_paper:
         return hw
     return replace(hw, calibration=with_slo(hw.calibration, slo))

@@ -9,7 +9,16 @@ from typing import Annotated
 
 import typer
 
-from calroute.cli.common import err, exit_on_error, load_profile
+from calroute.cli.common import (
+    KvCapacityOption,
+    MaxBatchedTokensOption,
+    MaxModelLenOption,
+    MaxNumSeqsOption,
+    err,
+    exit_on_error,
+    limit_overrides,
+    load_profile,
+)
 from calroute.cluster.file import ClusterFile
 from calroute.costmodel.profiles import DEFAULT_PROFILE, profile_names
 from calroute.errors import ConfigError
@@ -54,6 +63,10 @@ def emulate(
             "engine i publishes on the endpoint's port + i"
         ),
     ] = None,
+    kv_capacity_tokens: KvCapacityOption = None,
+    max_model_len: MaxModelLenOption = None,
+    max_batched_tokens: MaxBatchedTokensOption = None,
+    max_num_seqs: MaxNumSeqsOption = None,
 ) -> None:
     """Serve emulated vLLM engines (GPU-like timing from a hardware profile) until SIGTERM."""
     from calroute.contract.kv_events import KvEventsConfig
@@ -69,7 +82,13 @@ def emulate(
                 specs.append(EngineSpec(Role(role), int(port or 0)))
             except ValueError as e:
                 raise ConfigError(f"--engine {item!r}: expected prefill:PORT or decode:PORT") from e
-        hw = load_profile(profile, calibration)
+        limits = limit_overrides(
+            kv_capacity_tokens=kv_capacity_tokens,
+            max_model_len=max_model_len,
+            max_batched_tokens=max_batched_tokens,
+            max_num_seqs=max_num_seqs,
+        )
+        hw = load_profile(profile, calibration, limits=limits)
         if kv_load_failure_policy not in ("fail", "recompute"):
             raise ConfigError(
                 f"--kv-load-failure-policy must be fail or recompute, got {kv_load_failure_policy!r}"
@@ -110,11 +129,27 @@ def up(
     ] = False,
     out: Annotated[Path, typer.Option(help="the cluster file to write")] = Path("cluster.yaml"),
     log_dir: Annotated[Path, typer.Option(help="engine logs")] = Path("out/engines"),
+    kv_capacity_tokens: KvCapacityOption = None,
+    max_model_len: MaxModelLenOption = None,
+    max_batched_tokens: MaxBatchedTokensOption = None,
+    max_num_seqs: MaxNumSeqsOption = None,
 ) -> None:
-    """Start engines, wait until they are healthy, write the cluster file."""
+    """Start engines, wait until they are healthy, write the cluster file. The engine limits apply to
+    emulated engines (real vLLM's are its own flags: cluster/vllm.py)."""
     from calroute.cluster import launch
 
     with exit_on_error():
+        limits = limit_overrides(
+            kv_capacity_tokens=kv_capacity_tokens,
+            max_model_len=max_model_len,
+            max_batched_tokens=max_batched_tokens,
+            max_num_seqs=max_num_seqs,
+        )
+        if limits and kind is not Kind.emulated:
+            raise ConfigError(
+                "--kv-capacity-tokens, --max-model-len, --max-batched-tokens and --max-num-seqs are for "
+                "emulated engines"
+            )
         if kind is Kind.emulated:
             launched = launch.up_emulated(
                 prefill,
@@ -126,6 +161,7 @@ def up(
                 stream_interval=stream_interval,
                 process_per_engine=process_per_engine,
                 kv_events=kv_events,
+                limits=limits,
             )
         else:
             launched = launch.up_vllm(prefill, decode, log_dir, repo_root=Path.cwd(), kv_events=kv_events)

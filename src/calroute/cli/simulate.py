@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import asdict
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -14,8 +15,13 @@ from calroute.cli.common import (
     PARAMS_HELP,
     SLO_DEFAULT,
     SLO_HELP,
+    KvCapacityOption,
+    MaxBatchedTokensOption,
+    MaxModelLenOption,
+    MaxNumSeqsOption,
     err,
     exit_on_error,
+    limit_overrides,
     load_profile,
     policy_params,
     print_table,
@@ -91,6 +97,7 @@ def run_simulation(
         "workload": workload.describe(),
         "cluster": {"prefill": setup.shape.prefill, "decode": setup.shape.decode},
         "profile": setup.profile.name,
+        "engine_limits": asdict(setup.profile.limits),
         "router_calibration": setup.router_calibration.provenance.get("source"),
         "predictor": {"name": setup.predictor, "noise": setup.predictor_noise},
         "sample_interval_s": setup.sample_interval_s,
@@ -170,6 +177,10 @@ def simulate(
     ] = None,
     json_: Annotated[bool, typer.Option("--json", help="print one JSON object to stdout")] = False,
     slo: Annotated[str, typer.Option(help=SLO_HELP)] = SLO_DEFAULT,
+    kv_capacity_tokens: KvCapacityOption = None,
+    max_model_len: MaxModelLenOption = None,
+    max_batched_tokens: MaxBatchedTokensOption = None,
+    max_num_seqs: MaxNumSeqsOption = None,
 ) -> None:
     """Compare routing policies on the simulated prefill/decode cluster."""
     with exit_on_error():
@@ -192,7 +203,13 @@ def simulate(
         if trace is not None and not trace.is_file():
             raise ConfigError(f"--trace {trace}: no such file")
         slo_spec = slo_option(slo)
-        hw = load_profile(profile, calibration, slo_spec)
+        limits = limit_overrides(
+            kv_capacity_tokens=kv_capacity_tokens,
+            max_model_len=max_model_len,
+            max_batched_tokens=max_batched_tokens,
+            max_num_seqs=max_num_seqs,
+        )
+        hw = load_profile(profile, calibration, slo_spec, limits)
         router_cal = Calibration.load(router_calibration) if router_calibration else hw.calibration
         setup = SimSetup(
             profile=hw,

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from calroute.cluster import vllm
@@ -68,11 +69,15 @@ def up_emulated(
     kv_lease_s: float = 30.0,
     timeout_s: float = 60.0,
     kv_events: bool = False,
+    limits: Mapping[str, int] | None = None,
 ) -> LaunchedCluster:
     """``kv_events``: every engine publishes vLLM's KV events on a loopback port of its own, written into the
-    cluster file (kv_events_endpoint) for the proxy to subscribe to."""
+    cluster file (kv_events_endpoint) for the proxy to subscribe to. ``limits``: engine limits in place of the
+    profile's (EngineLimits' fields: kv_capacity_tokens, max_model_len, max_batched_tokens, max_num_seqs)."""
     roles = _roles(prefill, decode)
     hw = get_profile(profile)
+    if limits:
+        hw = replace(hw, limits=replace(hw.limits, **limits))
     ports = free_ports(len(roles))
     base = [
         sys.executable,
@@ -93,6 +98,8 @@ def up_emulated(
     ]
     if calibration is not None:
         base += ["--calibration", str(calibration)]
+    for name, value in (limits or {}).items():
+        base += [f"--{name.replace('_', '-')}", str(value)]
     groups = [[i] for i in range(len(roles))] if process_per_engine else [list(range(len(roles)))]
     event_ports: dict[int, int] = {}
     procs = []
