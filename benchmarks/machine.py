@@ -23,3 +23,15 @@ def machine() -> dict[str, object]:
         "python": sys.version.split()[0],
         "load_1m": os.getloadavg()[0],
     }
+
+
+def dated_path(results: Path, name: str, date: str) -> Path:
+    """Where a benchmark's JSON of ``date`` goes: results/NAME_DATE.json, or with the first free letter after
+    the date (b, c, ...) when a run of that day is there already."""
+    results.mkdir(parents=True, exist_ok=True)
+    stem = f"{name}_{date}"
+    path = results / f"{stem}.json"
+    suffix = iter("bcdefghijklmnopqrstuvwxyz")
+    while path.exists():
+        path = results / f"{stem}{next(suffix)}.json"
+    return path

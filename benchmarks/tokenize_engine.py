@@ -38,7 +38,7 @@ from calroute.tokenizer.hf import HfTokenizer
 
 if __package__ in (None, ""):  # run as a script (python benchmarks/NAME.py): the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.machine import machine  # noqa: E402
+from benchmarks.machine import dated_path, machine  # noqa: E402
 from benchmarks.tokenize_speed import (  # noqa: E402
     SHORT_TOKENS,
     SYSTEM_TOKENS,
@@ -141,12 +141,7 @@ def main() -> None:
     if not args.no_write:
         path = args.out
         if path is None:
-            RESULTS.mkdir(parents=True, exist_ok=True)
-            stem = f"tokenize_engine_{report['date']}"
-            path = RESULTS / f"{stem}.json"
-            suffix = iter("bcdefghijklmnopqrstuvwxyz")
-            while path.exists():
-                path = RESULTS / f"{stem}{next(suffix)}.json"
+            path = dated_path(RESULTS, "tokenize_engine", str(report["date"]))
         path.write_text(json.dumps(report, indent=2) + "\n")
         print(f"wrote {path}", file=sys.stderr)
     if args.json:

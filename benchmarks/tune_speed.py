@@ -31,6 +31,10 @@ from calroute.executors import make_executor
 from calroute.tuning.config import TuneConfig, WorkloadSpec
 from calroute.tuning.tune import Hooks, tune
 
+if __package__ in (None, ""):  # run as a script (python benchmarks/NAME.py): the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.machine import dated_path  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -139,12 +143,7 @@ def main() -> None:
         "same_best_params": len({json.dumps(r["params"], sort_keys=True) for r in timed}) <= 1,
         "loadavg_after": os.getloadavg(),
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = f"tune_speed_{result['date']}"
-    path = RESULTS / f"{stem}.json"
-    suffix = iter("bcdefghijklmnopqrstuvwxyz")
-    while path.exists():
-        path = RESULTS / f"{stem}{next(suffix)}.json"
+    path = dated_path(RESULTS, "tune_speed", str(result["date"]))
     path.write_text(json.dumps(result, indent=2) + "\n")
     if args.json:
         print(json.dumps(result))

@@ -15,6 +15,7 @@ import json
 import random
 import time
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ import pytest
 from calroute.cluster import launch
 from calroute.emulator.tokens import text_of_tokens
 from calroute.proxy.config import ProxyConfig
-from calroute.results.records import read_records
+from calroute.results.records import RequestRecord, read_records
 from calroute.types import RequestStatus
 from tests.emulator.http import metric
 from tests.faults.test_fault_matrix import wait_for
@@ -65,6 +66,21 @@ async def client(port: int, path: str, body: dict[str, Any], start_s: float, lea
     return time.monotonic()
 
 
+def where_they_left(recs: Iterable[RequestRecord]) -> Counter[str]:
+    """How many requests ended where, by their records: finished, or cancelled before the prefill engine
+    answered, before the first token, after it."""
+    return Counter(
+        "finished"
+        if r.status is RequestStatus.OK
+        else "before the prefill answered"
+        if r.prefill_done_s is None
+        else "before the first token"
+        if r.first_token_s is None
+        else "after the first token"
+        for r in recs
+    )
+
+
 def usage(urls: list[str]) -> float:
     return sum(metric(url, "vllm:kv_cache_usage_perc") for url in urls)
 
@@ -103,16 +119,7 @@ def test_fifty_clients_that_leave_at_random_points_leave_no_kv_behind(tmp_path: 
     finally:
         launched.stop()
     assert len({r.request_id for r in recs}) == CLIENTS
-    where = Counter(
-        "finished"
-        if r.status is RequestStatus.OK
-        else "before the prefill answered"
-        if r.prefill_done_s is None
-        else "before the first token"
-        if r.first_token_s is None
-        else "after the first token"
-        for r in recs
-    )
+    where = where_they_left(recs)
     print(
         f"clients left: {dict(where)}; KV idle {idle_after_s:.2f} s after the last left; "
         f"{released:g} release legs; {expired:g} leases expired"

@@ -8,7 +8,6 @@ import random
 import re
 import time
 import urllib.request
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -24,6 +23,7 @@ from calroute.tokenizer.hf import HfTokenizer
 from calroute.types import RequestStatus
 from tests.emulator.http import metric, request, stream
 from tests.faults.test_clients_that_leave import client as leaving_client
+from tests.faults.test_clients_that_leave import where_they_left
 from tests.proxy.conftest import CAL
 from tests.proxy.harness import RunningProxy
 
@@ -337,16 +337,7 @@ def test_fifty_clients_that_leave_at_random_points_leave_no_kv_on_real_vllm(
             time.sleep(0.05)
     recs = list(read_records(log))
     expired = sum(metric(e.url, "vllm:nixl_num_kv_expired_reqs_total") for e in c.prefill) - expired_before
-    where = Counter(
-        "finished"
-        if r.status is RequestStatus.OK
-        else "before the prefill answered"
-        if r.prefill_done_s is None
-        else "before the first token"
-        if r.first_token_s is None
-        else "after the first token"
-        for r in recs
-    )
+    where = where_they_left(recs)
     # vLLM logs the request it frees at the lease's end: "Releasing expired KV blocks for request ID",
     # its id being "cmpl-" or "chatcmpl-", the proxy's X-Request-Id, then suffixes of its own.
     lapsed = {
