@@ -95,6 +95,8 @@ def test_the_command_takes_requests_and_seeds(tmp_path: Path) -> None:
         (["--requests", "0"], "--requests and --seeds must be >= 1"),
         (["--backend", "vllm", "--time-scale", "0.5"], "emulated engines only"),
         (["--backend", "emulated", "--saturation", "guess"], "--saturation must be live or sim"),
+        (["--backend", "emulated", "--kv-capacity-tokens", "9000"], "apply to --backend sim only"),
+        (["--kv-capacity-tokens", "0"], "--kv-capacity-tokens must be >= 1"),
     ],
 )
 def test_the_command_names_a_bad_option(args: list[str], message: str, tmp_path: Path) -> None:
@@ -129,3 +131,29 @@ def test_results_saved_under_other_slo_targets_are_not_reused(tmp_path: Path) ->
     assert sum("done earlier, skipped" in m for m in messages) == 1
     report = write_report(tmp_path, EXPERIMENTS).read_text()
     assert "--slo long-context" in report and "ms per prompt token" in report
+
+
+def test_results_under_other_engine_limits_are_kept_apart(tmp_path: Path) -> None:
+    """An experiment run with --kv-capacity-tokens (engine_limits) saves its results and saturation rates
+    apart from the profile's: neither is reused for the other, and the report's command names the limits."""
+    from dataclasses import replace
+
+    exp, scale = EXPERIMENTS["mixed-bursty"], Scale(150, (0,))
+    profile = get_profile("a40-qwen2.5-3b")
+    run_experiment(exp, SimBackend(profile), True, tmp_path, scale=scale)
+    limits = {"kv_capacity_tokens": 1_000_000}
+    big = replace(profile, limits=replace(profile.limits, **limits))
+    messages: list[str] = []
+    run_experiment(
+        exp, SimBackend(big), True, tmp_path, progress=messages.append, scale=scale, engine_limits=limits
+    )
+    assert sum("running it again" in m for m in messages) == 1
+    assert any("saturation search on 2P4D:mixed-bursty:kv_capacity_tokens=1000000" in m for m in messages)
+    manifest = json.loads((tmp_path / "mixed-bursty" / "manifest.json").read_text())
+    assert manifest["engine_limits"] == limits
+    messages.clear()
+    run_experiment(
+        exp, SimBackend(big), True, tmp_path, progress=messages.append, scale=scale, engine_limits=limits
+    )
+    assert sum("done earlier, skipped" in m for m in messages) == 1
+    assert "--kv-capacity-tokens 1000000" in write_report(tmp_path, EXPERIMENTS).read_text()

@@ -200,6 +200,8 @@ def write_report(directory: Path, experiments: Mapping[str, Experiment]) -> Path
             command += f" --time-scale {manifest['time_scale']:g}"
         if manifest.get("saturation", "live") != "live":
             command += f" --saturation {manifest['saturation']}"
+        for limit, value in (manifest.get("engine_limits") or {}).items():
+            command += f" --{limit.replace('_', '-')} {value}"
         slo_name = (manifest.get("slo") or {}).get("name", "paper")
         slo_note = ""
         if slo_name != "paper":

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -99,8 +99,12 @@ def run_experiment(
     extra_manifest: dict[str, Any] | None = None,
     scale: Scale | None = None,
     slo: SloSpec = PRESETS[PAPER],
+    engine_limits: Mapping[str, int] | None = None,
 ) -> list[CellResult]:
-    """``slo``: the spec the backend judges by (given to both, the runner keys saved results by it)."""
+    """``slo``: the spec the backend judges by (given to both, the runner keys saved results by it).
+    ``engine_limits``: the limits the backend's engines were given in place of the profile's (the runner keys
+    saved results and saturation rates by them too)."""
+    limits = dict(sorted((engine_limits or {}).items()))
     exp_dir = out_dir / exp.name
     scale = scale or scale_for(backend.name, quick)
     cells = exp.cells(quick)
@@ -114,6 +118,7 @@ def run_experiment(
         "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "cells": [asdict(c) for c in cells],
         "slo": slo.definition(),
+        **({"engine_limits": limits} if limits else {}),
         **(extra_manifest or {}),
     }
     # paths relative to the experiment's folder or the repository (kit/paths.py): no machine's in it
@@ -122,6 +127,8 @@ def run_experiment(
     saturation: dict[str, float] = json.loads(sat_path.read_text()) if sat_path.exists() else {}
     commit = manifest["git_commit"]
     slo_key = "" if slo.is_paper else f":slo={slo.key}"
+    # the engine limits, where given, key the results as the SLO spec does (none: as before they could be)
+    slo_key += "".join(f":{k}={v}" for k, v in limits.items())
     saved: dict[str, CellResult] = {}
     definitions: dict[str, Any] = {}
     for cell in cells:
@@ -132,6 +139,8 @@ def run_experiment(
         made_of: dict[str, Any] = {"cell": asdict(cell), "scale": asdict(scale)}
         if not slo.is_paper:
             made_of["slo"] = slo.definition()
+        if limits:
+            made_of["engine_limits"] = limits
         definitions[cell.key] = definition = json.loads(json.dumps(made_of))
         path = exp_dir / "cells" / f"{cell.key}.json"
         if not path.exists():
