@@ -15,7 +15,6 @@ record and the metrics; the client only ever reads that the engines could not se
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import os
@@ -27,7 +26,7 @@ from typing import Any
 from calroute.contract import handoff
 from calroute.contract.tokenizer import AsyncTokenizer, Tokenizer
 from calroute.errors import NoCandidateError
-from calroute.proxy.config import PREFILL_GRACE_S, SLOW_STEPS_PER_TOKEN, ProxyConfig
+from calroute.proxy.config import SLOW_STEPS_PER_TOKEN, ProxyConfig
 from calroute.proxy.engine_client import EngineAnswer, EngineClient, UpstreamError
 from calroute.proxy.errors import ClientGone, EngineFailed, error_event, json_error
 from calroute.proxy.flight import Flight, Invalid, board
@@ -40,7 +39,7 @@ from calroute.proxy.metrics import ProxyMetrics
 from calroute.proxy.prefix import CACHED_TOKENS_HEADER, cached_tokens, prompt_blocks
 from calroute.proxy.prompt_length import PromptLength, Refused, exact_prompt
 from calroute.proxy.relay import StreamRelay
-from calroute.proxy.release import Releases
+from calroute.proxy.release import Releases, prefill_exchange
 from calroute.proxy.signals import Signals
 from calroute.results.records import RecordWriter
 from calroute.routing.block_hash import machine_token_ids
@@ -281,12 +280,20 @@ class Generation:
         self, body: dict[str, Any], path: str, f: Flight
     ) -> tuple[dict[str, Any] | None, Response | Stream | None]:
         assert f.prefill_id is not None
-        exchange = asyncio.ensure_future(self._prefill_exchange(body, path, f.prefill_id, f))
+
+        def held_for_release(kv: dict[str, Any]) -> None:  # the client left as the prefill ended
+            f.handoff = (f.decode_id or "", kv)
+
         try:
-            status, payload = await asyncio.shield(exchange)
-        except asyncio.CancelledError:
-            await self._prefill_left(exchange, f)
-            raise
+            status, payload = await prefill_exchange(
+                self._endpoints[f.prefill_id],
+                path,
+                self._headers(f),
+                codec.dumps(handoff.prefill_body(body)),
+                self.cfg.prefill_timeout_s,
+                self.cfg.answer_limits.max_answer_bytes,
+                held_for_release,
+            )
         except (UpstreamError, TimeoutError) as e:
             raise _failed(f.prefill_id, "prefill", e) from e
         if status >= 500 or 300 <= status < 400:
@@ -321,42 +328,6 @@ class Generation:
         if kv.get("do_remote_prefill"):
             f.handoff = (f.decode_id or "", kv)  # the prefill engine holds the blocks until they are pulled
         return kv, None
-
-    async def _prefill_exchange(
-        self, body: dict[str, Any], path: str, prefill_id: str, f: Flight
-    ) -> tuple[int, bytes]:
-        # The engine says nothing until the prefill is done, then answers at once: a bound on its silence
-        # is a bound on the whole exchange.
-        r = await self._endpoints[prefill_id].request(
-            "POST",
-            path,
-            self._headers(f),
-            codec.dumps(handoff.prefill_body(body)),
-            read_timeout_s=self.cfg.prefill_timeout_s,
-        )
-        async with r:
-            payload = await r.read(self.cfg.answer_limits.max_answer_bytes)
-        return r.status, payload
-
-    async def _prefill_left(self, exchange: asyncio.Future[tuple[int, bytes]], f: Flight) -> None:
-        """The client left during the prefill (PREFILL_GRACE_S): an answer that comes within the grace
-        leaves its KV params for the release; else the engine's request is closed, which vLLM aborts."""
-        try:
-            done, _ = await asyncio.wait({exchange}, timeout=PREFILL_GRACE_S)
-        finally:
-            if not exchange.done():  # no answer in the grace (or the wait was cancelled too): close it
-                exchange.cancel()
-        if not done:
-            return
-        if exchange.cancelled() or exchange.exception() is not None:
-            return
-        status, payload = exchange.result()
-        try:
-            kv = codec.loads(payload).get("kv_transfer_params") if status == 200 else None
-        except (ValueError, AttributeError):
-            kv = None
-        if isinstance(kv, dict) and kv.get("do_remote_prefill"):
-            f.handoff = (f.decode_id or "", kv)
 
     async def _client_error(self, f: Flight, status: int, payload: bytes) -> Response | Stream:
         """An engine refused the request as malformed: the client's problem, not the engine's. Its JSON

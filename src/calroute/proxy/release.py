@@ -1,5 +1,5 @@
-"""Freeing a prefill engine's KV when the client leaves between prefill and decode (docs/proxy.md, "A client
-that leaves").
+"""Freeing a prefill engine's KV when the client leaves during the prefill or between prefill and decode
+(docs/proxy.md, "A client that leaves").
 
 After a prefill with ``do_remote_decode``, vLLM's prefill engine keeps the prompt's blocks until a decode
 engine pulls them, or until their lease expires: ``kv_lease_duration``, 30 s by default in vLLM 0.32
@@ -16,16 +16,62 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from calroute.contract import handoff
-from calroute.proxy.config import ProxyConfig
+from calroute.proxy.config import PREFILL_GRACE_S, ProxyConfig
 from calroute.proxy.engine_client import EngineClient
 from calroute.proxy.http import codec
 from calroute.proxy.metrics import ProxyMetrics
 
 logger = logging.getLogger(__name__)
+
+
+async def prefill_exchange(
+    engine: EngineClient,
+    path: str,
+    headers: Mapping[str, str],
+    payload: bytes,
+    timeout_s: float,
+    max_bytes: int,
+    held_for_release: Callable[[dict[str, Any]], None],
+) -> tuple[int, bytes]:
+    """The prefill request to ``engine``, its status and whole answer (the engine says nothing until the
+    prefill is done, then answers at once: a bound on its silence is a bound on the exchange). When the task
+    awaiting it is cancelled (the client left), the answer is still awaited PREFILL_GRACE_S: one that comes
+    with KV params held for a decode engine goes to ``held_for_release``, for the release leg; else the
+    request is closed, which vLLM aborts, freeing its blocks. Raises what the engine's client raises."""
+
+    async def exchange() -> tuple[int, bytes]:
+        r = await engine.request("POST", path, headers, payload, read_timeout_s=timeout_s)
+        async with r:
+            return r.status, await r.read(max_bytes)
+
+    task = asyncio.ensure_future(exchange())
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        kv = await _answer_in_grace(task)
+        if kv is not None:
+            held_for_release(kv)
+        raise
+
+
+async def _answer_in_grace(task: asyncio.Future[tuple[int, bytes]]) -> dict[str, Any] | None:
+    try:
+        done, _ = await asyncio.wait({task}, timeout=PREFILL_GRACE_S)
+    finally:
+        if not task.done():  # no answer in the grace (or the wait was cancelled too): close it
+            task.cancel()
+    if not done or task.cancelled() or task.exception() is not None:
+        return None
+    status, answer = task.result()
+    try:
+        kv = codec.loads(answer).get("kv_transfer_params") if status == 200 else None
+    except (ValueError, AttributeError):
+        return None
+    return kv if isinstance(kv, dict) and kv.get("do_remote_prefill") else None
 
 
 class Releases:
