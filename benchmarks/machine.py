@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import datetime
+import json
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
+
+from calroute.results.provenance import git_commit
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def machine() -> dict[str, object]:
@@ -34,4 +42,24 @@ def dated_path(results: Path, name: str, date: str) -> Path:
     suffix = iter("bcdefghijklmnopqrstuvwxyz")
     while path.exists():
         path = results / f"{stem}{next(suffix)}.json"
+    return path
+
+
+def report_head(name: str, **machine_extra: object) -> dict[str, Any]:
+    """What every benchmark's JSON begins with: its name, the date, the commit and the machine (plus
+    ``machine_extra``, e.g. the load before the run)."""
+    return {
+        "benchmark": name,
+        "date": datetime.date.today().isoformat(),
+        "git_commit": git_commit(ROOT),
+        "machine": {**machine(), **machine_extra},
+    }
+
+
+def save_report(report: Mapping[str, Any], results: Path, out: Path | None = None) -> Path:
+    """Write ``report`` to ``out``, or to its dated path under ``results`` (dated_path); says where."""
+    path = out if out is not None else dated_path(results, str(report["benchmark"]), str(report["date"]))
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    shown = path.resolve().relative_to(ROOT) if path.resolve().is_relative_to(ROOT) else path
+    print(f"wrote {shown}", file=sys.stderr)
     return path

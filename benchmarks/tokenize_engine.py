@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import json
 import random
 import sys
@@ -33,12 +32,11 @@ from tokenizers import Tokenizer
 from calroute.cluster import launch
 from calroute.cluster.file import ClusterFile
 from calroute.proxy.engine_tokenizer import EngineTokenizer
-from calroute.results.provenance import git_commit
 from calroute.tokenizer.hf import HfTokenizer
 
 if __package__ in (None, ""):  # run as a script (python benchmarks/NAME.py): the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.machine import dated_path, machine  # noqa: E402
+from benchmarks.machine import report_head, save_report  # noqa: E402
 from benchmarks.tokenize_speed import (  # noqa: E402
     SHORT_TOKENS,
     SYSTEM_TOKENS,
@@ -129,21 +127,14 @@ def main() -> None:
             if launched is not None:
                 launched.stop()
     report = {
-        "benchmark": "tokenize_engine",
-        "date": datetime.date.today().isoformat(),
-        "git_commit": git_commit(ROOT),
-        "machine": machine(),
+        **report_head("tokenize_engine"),
         "calls": args.calls,
         "warmup": args.warmup,
         "wall_s": time.perf_counter() - t0,
         **result,
     }
     if not args.no_write:
-        path = args.out
-        if path is None:
-            path = dated_path(RESULTS, "tokenize_engine", str(report["date"]))
-        path.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {path}", file=sys.stderr)
+        save_report(report, RESULTS, args.out)
     if args.json:
         print(json.dumps(report))
         return

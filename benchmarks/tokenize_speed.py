@@ -44,7 +44,6 @@ Usage: python benchmarks/tokenize_speed.py [--calls N] [--json]
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import hashlib
 import json
@@ -61,13 +60,12 @@ from typing import Any
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from calroute.emulator.api import EmulatorTokenizer
-from calroute.results.provenance import git_commit
 from calroute.routing.block_hash import machine_token_ids
 from calroute.tokenizer.hf import HfTokenizer
 
 if __package__ in (None, ""):  # run as a script (python benchmarks/NAME.py): the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.machine import dated_path, machine  # noqa: E402
+from benchmarks.machine import machine, report_head, save_report  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -442,24 +440,14 @@ def main() -> None:
             source = "built: a byte-level BPE trained here (tests/tokenizer/conftest.py's way)"
         result = run(args, model_dir, source)
     report = {
-        "benchmark": "tokenize_speed",
-        "date": datetime.date.today().isoformat(),
-        "git_commit": git_commit(ROOT),
-        "machine": {**machine(), "load_1m_before": load_before},
+        **report_head("tokenize_speed", load_1m_before=load_before),
         "calls": args.calls,
         "warmup": args.warmup,
         "wall_s": time.perf_counter() - t0,
         **result,
     }
     if not args.no_write:
-        path = args.out
-        if path is None:
-            path = dated_path(RESULTS, "tokenize_speed", str(report["date"]))
-        path.write_text(json.dumps(report, indent=2) + "\n")
-        print(
-            f"wrote {path.resolve().relative_to(ROOT) if path.resolve().is_relative_to(ROOT) else path}",
-            file=sys.stderr,
-        )
+        save_report(report, RESULTS, args.out)
     print(json.dumps(report) if args.json else report_text(report))
 
 

@@ -117,11 +117,22 @@ def test_a_client_that_leaves_mid_stream_gets_no_release(tmp_path: Path) -> None
     assert p.metric("calroute_kv_releases_total") == 0
 
 
-def test_a_client_that_leaves_during_the_prefill_gets_no_release(tmp_path: Path) -> None:
-    """The prefill engine's request is closed: vLLM aborts it and frees its blocks at once."""
+@pytest.mark.parametrize(
+    ("prefill_s", "released"),
+    [
+        # the prefill engine still silent when the grace ends: its request is closed, which vLLM aborts,
+        # freeing its blocks at once; nothing to release
+        (5.0, False),
+        # it answers within PREFILL_GRACE_S of the client leaving (leave_when leaves after 0.1 s): its KV is
+        # released, not left to the lease
+        (0.1 + PREFILL_GRACE_S / 2, True),
+    ],
+    ids=["aborted", "answered in the grace"],
+)
+def test_a_client_that_leaves_during_the_prefill(tmp_path: Path, prefill_s: float, released: bool) -> None:
     fakes = FakeCluster(1, 1)
     prefill = fakes["prefill-0"]
-    prefill.faults = Faults(first_byte_s=5.0)
+    prefill.faults = Faults(first_byte_s=prefill_s)
 
     async def go() -> ProxyOnFakes:
         async with ProxyOnFakes(fakes, tmp_path, prefill_timeout_s=10.0) as p:
@@ -130,26 +141,12 @@ def test_a_client_that_leaves_during_the_prefill_gets_no_release(tmp_path: Path)
 
     p = run(go())
     assert p.records()[0].status is RequestStatus.CANCELLED
-    assert not fakes["decode-0"].sent and p.metric("calroute_kv_releases_total") == 0
-    (answer,) = prefill.answers if prefill.answers else (None,)
-    assert answer is None  # closed while the engine was still silent: vLLM aborts it
-
-
-def test_a_prefill_that_ends_as_its_client_leaves_is_released(tmp_path: Path) -> None:
-    """The prefill engine answers within PREFILL_GRACE_S of the client leaving: its KV is released, not
-    left to the lease."""
-    fakes = FakeCluster(1, 1)
-    prefill = fakes["prefill-0"]
-    prefill.faults = Faults(first_byte_s=0.1 + PREFILL_GRACE_S / 2)  # leave_when leaves after 0.1 s
-
-    async def go() -> ProxyOnFakes:
-        async with ProxyOnFakes(fakes, tmp_path, prefill_timeout_s=10.0) as p:
-            await leave_when(p, body(), lambda: bool(prefill.sent))
-        return p
-
-    p = run(go())
-    assert p.records()[0].status is RequestStatus.CANCELLED
-    (release,) = fakes["decode-0"].sent
+    sent = fakes["decode-0"].sent
+    if not released:
+        assert not sent and p.metric("calroute_kv_releases_total") == 0
+        assert not prefill.answers  # closed while the engine was still silent
+        return
+    (release,) = sent
     assert release.body["max_tokens"] == 1 and release.body["kv_transfer_params"]["do_remote_prefill"]
     assert not fakes.held and p.metric("calroute_kv_releases_total", outcome="ok") == 1
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -149,55 +149,6 @@ def slo_option(spec: str) -> SloSpec:
         return parse_slo(spec)
     except ConfigError as e:
         raise ConfigError(f"--slo: {e}") from e
-
-
-# The engines' limits, settable on every command that models engines (simulate, tune, engines up/emulate):
-# the profile's by default (the paper's 60,000-token KV budget for a40-qwen2.5-3b).
-KvCapacityOption = Annotated[
-    int | None,
-    typer.Option(
-        "--kv-capacity-tokens",
-        help=(
-            "each engine's KV capacity in tokens (default: the profile's, the paper's 60,000; an A40 "
-            "serving Qwen2.5-3B holds about 1,000,000 at 36 KiB a token)"
-        ),
-    ),
-]
-MaxModelLenOption = Annotated[
-    int | None,
-    typer.Option("--max-model-len", help="the engines' longest prompt + output (default: the profile's)"),
-]
-MaxBatchedTokensOption = Annotated[
-    int | None,
-    typer.Option(
-        "--max-batched-tokens",
-        help="prefill tokens per engine step, chunked beyond it (default: the profile's)",
-    ),
-]
-MaxNumSeqsOption = Annotated[
-    int | None, typer.Option("--max-num-seqs", help="sequences per engine batch (default: the profile's)")
-]
-LIMIT_OPTIONS = {
-    "kv_capacity_tokens": "--kv-capacity-tokens",
-    "max_model_len": "--max-model-len",
-    "max_batched_tokens": "--max-batched-tokens",
-    "max_num_seqs": "--max-num-seqs",
-}
-
-
-def limit_overrides(**given: int | None) -> dict[str, int]:
-    """The engine limits a command was given (LIMIT_OPTIONS' fields), each checked: a ConfigError names the
-    option of a value below 1."""
-    out = {}
-    for name, value in given.items():
-        if name not in LIMIT_OPTIONS:
-            raise ValueError(f"not an engine limit: {name}")
-        if value is None:
-            continue
-        if value < 1:
-            raise ConfigError(f"{LIMIT_OPTIONS[name]} must be >= 1, got {value}")
-        out[name] = value
-    return out
 
 
 def load_profile(

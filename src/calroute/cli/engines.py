@@ -9,14 +9,10 @@ from typing import Annotated
 
 import typer
 
+from calroute.cli import limits
 from calroute.cli.common import (
-    KvCapacityOption,
-    MaxBatchedTokensOption,
-    MaxModelLenOption,
-    MaxNumSeqsOption,
     err,
     exit_on_error,
-    limit_overrides,
     load_profile,
 )
 from calroute.cluster.file import ClusterFile
@@ -63,10 +59,10 @@ def emulate(
             "engine i publishes on the endpoint's port + i"
         ),
     ] = None,
-    kv_capacity_tokens: KvCapacityOption = None,
-    max_model_len: MaxModelLenOption = None,
-    max_batched_tokens: MaxBatchedTokensOption = None,
-    max_num_seqs: MaxNumSeqsOption = None,
+    kv_capacity_tokens: limits.KvCapacity = None,
+    max_model_len: limits.MaxModelLen = None,
+    max_batched_tokens: limits.MaxBatchedTokens = None,
+    max_num_seqs: limits.MaxNumSeqs = None,
 ) -> None:
     """Serve emulated vLLM engines (GPU-like timing from a hardware profile) until SIGTERM."""
     from calroute.contract.kv_events import KvEventsConfig
@@ -82,13 +78,8 @@ def emulate(
                 specs.append(EngineSpec(Role(role), int(port or 0)))
             except ValueError as e:
                 raise ConfigError(f"--engine {item!r}: expected prefill:PORT or decode:PORT") from e
-        limits = limit_overrides(
-            kv_capacity_tokens=kv_capacity_tokens,
-            max_model_len=max_model_len,
-            max_batched_tokens=max_batched_tokens,
-            max_num_seqs=max_num_seqs,
-        )
-        hw = load_profile(profile, calibration, limits=limits)
+        given = limits.overrides(kv_capacity_tokens, max_model_len, max_batched_tokens, max_num_seqs)
+        hw = load_profile(profile, calibration, limits=given)
         if kv_load_failure_policy not in ("fail", "recompute"):
             raise ConfigError(
                 f"--kv-load-failure-policy must be fail or recompute, got {kv_load_failure_policy!r}"
@@ -129,23 +120,18 @@ def up(
     ] = False,
     out: Annotated[Path, typer.Option(help="the cluster file to write")] = Path("cluster.yaml"),
     log_dir: Annotated[Path, typer.Option(help="engine logs")] = Path("out/engines"),
-    kv_capacity_tokens: KvCapacityOption = None,
-    max_model_len: MaxModelLenOption = None,
-    max_batched_tokens: MaxBatchedTokensOption = None,
-    max_num_seqs: MaxNumSeqsOption = None,
+    kv_capacity_tokens: limits.KvCapacity = None,
+    max_model_len: limits.MaxModelLen = None,
+    max_batched_tokens: limits.MaxBatchedTokens = None,
+    max_num_seqs: limits.MaxNumSeqs = None,
 ) -> None:
     """Start engines, wait until they are healthy, write the cluster file. The engine limits apply to
     emulated engines (real vLLM's are its own flags: cluster/vllm.py)."""
     from calroute.cluster import launch
 
     with exit_on_error():
-        limits = limit_overrides(
-            kv_capacity_tokens=kv_capacity_tokens,
-            max_model_len=max_model_len,
-            max_batched_tokens=max_batched_tokens,
-            max_num_seqs=max_num_seqs,
-        )
-        if limits and kind is not Kind.emulated:
+        given = limits.overrides(kv_capacity_tokens, max_model_len, max_batched_tokens, max_num_seqs)
+        if given and kind is not Kind.emulated:
             raise ConfigError(
                 "--kv-capacity-tokens, --max-model-len, --max-batched-tokens and --max-num-seqs are for "
                 "emulated engines"
@@ -161,7 +147,7 @@ def up(
                 stream_interval=stream_interval,
                 process_per_engine=process_per_engine,
                 kv_events=kv_events,
-                limits=limits,
+                limits=given,
             )
         else:
             launched = launch.up_vllm(prefill, decode, log_dir, repo_root=Path.cwd(), kv_events=kv_events)

@@ -8,17 +8,13 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from calroute.cli import limits
 from calroute.cli.common import (
     PARAMS_HELP,
     SLO_DEFAULT,
     SLO_HELP,
-    KvCapacityOption,
-    MaxBatchedTokensOption,
-    MaxModelLenOption,
-    MaxNumSeqsOption,
     err,
     exit_on_error,
-    limit_overrides,
     load_profile,
     slo_option,
 )
@@ -78,10 +74,10 @@ def experiment(
         typer.Option(help="--executor ray: join the Ray cluster at HOST:PORT instead of starting one"),
     ] = None,
     params_file: Annotated[Path | None, typer.Option("--params", help=PARAMS_HELP)] = None,
-    kv_capacity_tokens: KvCapacityOption = None,
-    max_model_len: MaxModelLenOption = None,
-    max_batched_tokens: MaxBatchedTokensOption = None,
-    max_num_seqs: MaxNumSeqsOption = None,
+    kv_capacity_tokens: limits.KvCapacity = None,
+    max_model_len: limits.MaxModelLen = None,
+    max_batched_tokens: limits.MaxBatchedTokens = None,
+    max_num_seqs: limits.MaxNumSeqs = None,
 ) -> None:
     """Run one of the paper's experiments (or all) and write its results and report section. The engine
     limits (sim only) replace the profile's; results are kept apart by them."""
@@ -93,12 +89,7 @@ def experiment(
 
     with exit_on_error():
         slo_spec = slo_option(slo)
-        limits = limit_overrides(
-            kv_capacity_tokens=kv_capacity_tokens,
-            max_model_len=max_model_len,
-            max_batched_tokens=max_batched_tokens,
-            max_num_seqs=max_num_seqs,
-        )
+        given = limits.overrides(kv_capacity_tokens, max_model_len, max_batched_tokens, max_num_seqs)
         names = list(PAPER_EXPERIMENTS) if name == "all" else [get_experiment(name).name]
         experiments = [get_experiment(n) for n in names]
         if params_file is not None:
@@ -114,7 +105,7 @@ def experiment(
             # mislead (the runs would not be spread anywhere).
             if executor is not ExecutorKind.local or workers is not None or address is not None:
                 raise ConfigError("--executor, --workers and --address apply to --backend sim only")
-            if limits:
+            if given:
                 raise ConfigError(
                     "--kv-capacity-tokens, --max-model-len, --max-batched-tokens and --max-num-seqs apply "
                     "to --backend sim only (live clusters are the experiment's own)"
@@ -133,7 +124,7 @@ def experiment(
         else:
             if time_scale != 1.0 or saturation != "live":
                 raise ConfigError("--time-scale and --saturation apply to live backends only")
-            profile = load_profile(limits=limits)
+            profile = load_profile(limits=given)
             # Before anything is written: a Ray address that does not answer fails here.
             pool = make_executor(executor.value, workers, address)
             be = SimBackend(profile, slo_spec, pool)
@@ -155,7 +146,7 @@ def experiment(
                         **({"executor": f"{pool.kind}:{pool.workers}"} if pool is not None else {}),
                     },
                     slo=slo_spec,
-                    engine_limits=limits,
+                    engine_limits=given,
                 )
         finally:
             close = getattr(be, "close", None)

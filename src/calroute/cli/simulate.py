@@ -11,17 +11,13 @@ from typing import Annotated, Any
 
 import typer
 
+from calroute.cli import limits
 from calroute.cli.common import (
     PARAMS_HELP,
     SLO_DEFAULT,
     SLO_HELP,
-    KvCapacityOption,
-    MaxBatchedTokensOption,
-    MaxModelLenOption,
-    MaxNumSeqsOption,
     err,
     exit_on_error,
-    limit_overrides,
     load_profile,
     policy_params,
     print_table,
@@ -177,10 +173,10 @@ def simulate(
     ] = None,
     json_: Annotated[bool, typer.Option("--json", help="print one JSON object to stdout")] = False,
     slo: Annotated[str, typer.Option(help=SLO_HELP)] = SLO_DEFAULT,
-    kv_capacity_tokens: KvCapacityOption = None,
-    max_model_len: MaxModelLenOption = None,
-    max_batched_tokens: MaxBatchedTokensOption = None,
-    max_num_seqs: MaxNumSeqsOption = None,
+    kv_capacity_tokens: limits.KvCapacity = None,
+    max_model_len: limits.MaxModelLen = None,
+    max_batched_tokens: limits.MaxBatchedTokens = None,
+    max_num_seqs: limits.MaxNumSeqs = None,
 ) -> None:
     """Compare routing policies on the simulated prefill/decode cluster."""
     with exit_on_error():
@@ -203,13 +199,8 @@ def simulate(
         if trace is not None and not trace.is_file():
             raise ConfigError(f"--trace {trace}: no such file")
         slo_spec = slo_option(slo)
-        limits = limit_overrides(
-            kv_capacity_tokens=kv_capacity_tokens,
-            max_model_len=max_model_len,
-            max_batched_tokens=max_batched_tokens,
-            max_num_seqs=max_num_seqs,
-        )
-        hw = load_profile(profile, calibration, slo_spec, limits)
+        given = limits.overrides(kv_capacity_tokens, max_model_len, max_batched_tokens, max_num_seqs)
+        hw = load_profile(profile, calibration, slo_spec, given)
         router_cal = Calibration.load(router_calibration) if router_calibration else hw.calibration
         setup = SimSetup(
             profile=hw,

@@ -7,14 +7,10 @@ from typing import Annotated
 
 import typer
 
+from calroute.cli import limits
 from calroute.cli.common import (
-    KvCapacityOption,
-    MaxBatchedTokensOption,
-    MaxModelLenOption,
-    MaxNumSeqsOption,
     err,
     exit_on_error,
-    limit_overrides,
     load_profile,
     out,
     parse_param_options,
@@ -112,10 +108,10 @@ def tune(
     batch_size: Annotated[
         int, typer.Option(help="trials asked at once (part of the study: independent of --workers)")
     ] = 8,
-    kv_capacity_tokens: KvCapacityOption = None,
-    max_model_len: MaxModelLenOption = None,
-    max_batched_tokens: MaxBatchedTokensOption = None,
-    max_num_seqs: MaxNumSeqsOption = None,
+    kv_capacity_tokens: limits.KvCapacity = None,
+    max_model_len: limits.MaxModelLen = None,
+    max_batched_tokens: limits.MaxBatchedTokens = None,
+    max_num_seqs: limits.MaxNumSeqs = None,
 ) -> None:
     """Tune a policy's parameters on the simulator: TPE over their declared ranges, maximising mean goodput
     around saturation; writes the parameters and a validation on held-out seeds and every family."""
@@ -135,12 +131,7 @@ def tune(
             raise ConfigError(f"--trials must be >= 1, got {trials}")
         if validation_seeds < 0:
             raise ConfigError(f"--validation-seeds must be >= 0, got {validation_seeds}")
-        limits = limit_overrides(
-            kv_capacity_tokens=kv_capacity_tokens,
-            max_model_len=max_model_len,
-            max_batched_tokens=max_batched_tokens,
-            max_num_seqs=max_num_seqs,
-        )
+        given = limits.overrides(kv_capacity_tokens, max_model_len, max_batched_tokens, max_num_seqs)
         params_class(policy)  # an unknown policy, named
         fixed = typed_params(
             policy, parse_param_options(param or [], [policy], qualified=False).get(policy, {})
@@ -168,10 +159,10 @@ def tune(
             batch_size=batch_size,
             # the engine limits are part of what was tuned on: a study resumed with others is another study
             calibration_source=(str(calibration) if calibration is not None else f"profile {profile}")
-            + "".join(f", {k}={v}" for k, v in sorted(limits.items())),
+            + "".join(f", {k}={v}" for k, v in sorted(given.items())),
             calibration_sha256=None if calibration is None else file_sha256(calibration),
         )
-        hw = load_profile(profile, calibration, limits=limits)
+        hw = load_profile(profile, calibration, limits=given)
         db = storage or out_file.with_name(f"{out_file.stem}.study.db")
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         with make_executor(executor, workers, address) as ex, progress_bar() as progress:
