@@ -34,6 +34,7 @@ COMPILED_MODULES = [
     "src/calroute/policies/round_robin.py",
     "src/calroute/results/records.py",
     "src/calroute/results/metrics.py",
+    "src/calroute/kvcache/pool.py",
     "src/calroute/sim/kernel.py",
     "src/calroute/sim/requests.py",
     "src/calroute/sim/sampling.py",

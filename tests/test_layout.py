@@ -32,8 +32,9 @@ ROOT_MODULES = {
 # Lowest first. A part imports only parts of lower layers (and itself): parts of one layer are independent.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("__init__", "types", "errors", "aio", "splitmix"),
-    # report/: plots from numbers, nothing of calroute above the root; executors/: where work runs
-    ("costmodel", "workload", "report", "executors"),
+    # report/: plots from numbers, nothing of calroute above the root; executors/: where work runs;
+    # kvcache/: an engine's KV blocks and prefix cache, the one model the simulator and the emulator share
+    ("costmodel", "workload", "report", "executors", "kvcache"),
     ("policies", "results"),
     ("routing",),  # router, ledger, seeds: what the simulator and the proxy share
     # contract/: what calroute promises vLLM and reads from it (handoff bodies, KV events, blocks, metric

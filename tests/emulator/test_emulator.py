@@ -210,11 +210,14 @@ def test_kv_pressure_preempts_and_every_request_still_completes() -> None:
     async def test(engines: list[RunningEngine], s: aiohttp.ClientSession) -> None:
         (d,) = engines
 
-        async def one() -> int:
-            async with s.post(f"{d.url}/v1/completions", json=body(300, 300)) as r:
+        async def one(i: int) -> int:
+            # distinct prompts: identical ones would share their blocks as they are cached, as in vLLM
+            prompt = [100 + (i * 300 + k) % 3900 for k in range(300)]
+            req = {"prompt": prompt, "max_tokens": 300, "ignore_eos": True}
+            async with s.post(f"{d.url}/v1/completions", json=req) as r:
                 return int((await r.json())["usage"]["completion_tokens"])
 
-        assert await asyncio.gather(*(one() for _ in range(6))) == [300] * 6
+        assert await asyncio.gather(*(one(i) for i in range(6))) == [300] * 6
         assert d.core.stats.preemptions > 0
         assert d.core.kv.used_blocks == 0
 

@@ -103,29 +103,42 @@ def test_emulator_publishes_vllm_events_for_a_prompt_then_a_shared_prefix() -> N
     run_group(test, roles=(Role.PREFILL, Role.DECODE), time_scale=0.01, kv_events=EVENTS)
 
 
+def serve(kv: KvCache, ids: list[int]) -> None:
+    """A request computed whole and finished on ``kv``: admitted, its full blocks cached, freed."""
+    from calroute.contract.blocks import block_hashes
+    from calroute.kvcache.pool import RequestBlocks
+
+    rb = RequestBlocks()
+    hashes = block_hashes(ids)
+    hit = kv.lookup(hashes, len(ids))
+    assert kv.admit(rb, hashes, hit, -(-len(ids) // BLOCK_TOKENS) - hit, len(ids))
+    kv.cache(rb, hashes, len(hashes), ids)
+    kv.free(rb)
+
+
 def test_eviction_is_a_block_removed_and_events_stay_off_by_default() -> None:
+    from calroute.contract.blocks import block_hashes
+
     kv = KvCache(capacity_tokens=3 * BLOCK_TOKENS, record_events=True)
     a = list(range(3, 3 + 32))
     b = list(range(500, 500 + 32))
-    from calroute.contract.blocks import block_hashes
-
-    kv.remember(block_hashes(a), a)
-    # 4 blocks into 3: a's last block goes, as vLLM frees a request's blocks last first (its first stays
-    # cached, and still hits)
-    kv.remember(block_hashes(b), b)
+    serve(kv, a)
+    # b's 2 blocks into 3 where a's 2 are cached: the allocation takes the free block, then evicts a's last
+    # block, as vLLM frees a request's blocks last first (a's first stays cached, and still hits)
+    serve(kv, b)
     ev = kv.take_events()
     assert ev == [
         BlockStored(chain(a), None, a),
-        BlockStored(chain(b), None, b),
         BlockRemoved(chain(a)[1:]),
+        BlockStored(chain(b), None, b),
     ]
-    assert kv.cached_prefix_tokens(block_hashes(a)) == BLOCK_TOKENS
+    assert kv.lookup(block_hashes(a), len(a) + 1) == 1
     assert kv.take_events() == []
     kv.reset_prefix_cache()
     assert kv.take_events() == [AllBlocksCleared()]
 
     off = KvCache(capacity_tokens=BLOCK_TOKENS)
-    off.remember(block_hashes(a), a)
+    serve(off, a[:BLOCK_TOKENS])
     off.reset_prefix_cache()
     assert off.take_events() == []
 

@@ -5,9 +5,12 @@ which prompt chunks prefill, under a token budget and the KV budget, preempting 
 running one cannot grow), the loop sleeps for the iteration's modelled duration (the hardware profile's
 curves x time_scale x the slow-down fault), then applies the results: prompt progress, one greedy token per
 decoding request, completions. Requests with ``kv_pull`` (a decode engine's half of the NixlConnector
-handoff) are admitted by reserving KV for their prompt and pulling it from the prefill engine before they
-join the batch; requests that ``hold_kv`` (a prefill engine's half) keep their blocks after finishing, until
-the decode engine pulls them or the lease expires.
+handoff) are admitted by taking their local prefix-cache hit and reserving KV for the rest of the prompt,
+which they pull from the prefill engine before they join the batch (NixlConnector pulls only the tokens past
+the local hit); requests that ``hold_kv`` (a prefill engine's half) keep their blocks after finishing,
+until the decode engine pulls them or the lease expires. Blocks are cached as the steps that fill them are
+scheduled, prompt and output alike, and pulled ones when the pull is done (kvcache/pool.py: vLLM 0.32's
+block pool, the model the simulator's engines share).
 """
 
 from __future__ import annotations
@@ -21,12 +24,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from calroute.contract.blocks import block_hashes
+from calroute.contract.blocks import BLOCK_TOKENS
 from calroute.contract.kv_events import KvEvent
 from calroute.costmodel.profiles import HardwareProfile
 from calroute.emulator import tokens
-from calroute.emulator.kvcache import KvCache, blocks_for
+from calroute.emulator.kvcache import KvCache, blocks_for, held_blocks
 from calroute.emulator.request import EngineRequest, KvPuller, KvReleaser, Phase, PullFailed
+from calroute.kvcache.pool import RequestBlocks
 
 logger = logging.getLogger(__name__)
 
@@ -118,8 +122,7 @@ class EngineCore:
                 self._release_remote(req.kv_pull)
         elif req in self._pulled:
             self._pulled.remove(req)
-        self.kv.free(req.blocks)
-        req.blocks = 0
+        self.kv.free(req.kv)
         self._finish(req, "abort")
 
     def _release_remote(self, params: dict[str, Any]) -> None:
@@ -202,6 +205,7 @@ class EngineCore:
         for req in self._pulled:  # their KV arrived: the next step computes the last prompt token's logits
             req.phase = Phase.RUNNING
             req.computed_tokens = req.prompt_tokens - 1
+            self._cache(req, req.prompt_tokens)  # vLLM caches pulled blocks once the load is done
             self._running.append(req)
         self._pulled.clear()
         i = 0
@@ -209,48 +213,66 @@ class EngineCore:
             req = self._running[i]
             remaining = req.context_tokens - req.computed_tokens
             n = min(remaining, budget) if remaining > 1 else 1
-            need = blocks_for(req.computed_tokens + n) - req.blocks
-            while need > 0 and not self.kv.try_allocate(need):
+            need = blocks_for(req.computed_tokens + n) - held_blocks(req.kv)
+            while need > 0 and not self.kv.allocate(req.kv, need):
                 victim = self._running[-1]
                 self._preempt(victim)
                 if victim is req:
                     break
             if req.phase is not Phase.RUNNING:
                 continue  # preempted itself; the list shrank
-            req.blocks += max(0, need)
+            self._cache(req, req.computed_tokens + n)
             batch.append((req, n))
             budget -= n
             i += 1
         while self._waiting and budget > 0 and len(self._running) < lim.max_num_seqs:
             req = self._waiting[0]
+            context = req.context_tokens
+            # vLLM looks the prefix cache up when it schedules a request (again after a preemption)
+            hashes = req.block_hashes(context // BLOCK_TOKENS)
+            hit = self.kv.lookup(hashes, context)
+            cached = hit * BLOCK_TOKENS
             if req.kv_pull is not None and req.computed_tokens == 0:
-                need = blocks_for(req.prompt_tokens)
-                if not self.kv.try_allocate(need):
+                # NixlConnector's decode side pulls the prompt past the local hit (pull_scheduler.py,
+                # get_num_new_matched_tokens: prompt tokens - num_computed_tokens)
+                if not self.kv.admit(req.kv, hashes, hit, blocks_for(context) - hit, context):
                     break
                 self._waiting.popleft()
-                req.blocks = need
+                self._count_lookup(req, cached)
+                req.pull_tokens = context - cached
                 req.phase = Phase.PULLING
                 self._start_pull(req)
                 continue
-            if req.computed_tokens == 0 and not req.output_ids:
-                hashes = block_hashes(req.prompt_ids)
-                # at least one prompt token is always computed: it produces the first output token
-                req.cached_tokens = min(self.kv.cached_prefix_tokens(hashes), req.prompt_tokens - 1)
-                self.stats.prefix_queries += req.prompt_tokens
-                self.stats.prefix_hits += req.cached_tokens
-                req.computed_tokens = req.cached_tokens
-            n = min(req.context_tokens - req.computed_tokens, budget)
-            need = blocks_for(req.computed_tokens + n)
+            n = min(context - cached, budget)
+            new_blocks = blocks_for(cached + n) - hit
+            need = self.kv.admission_blocks(hashes, hit, new_blocks)
             if need > self.kv.free_blocks - int(self.kv.total_blocks * lim.kv_watermark_frac):
                 break
-            self.kv.try_allocate(need)
+            if not self.kv.admit(req.kv, hashes, hit, new_blocks, context):
+                break
             self._waiting.popleft()
-            req.blocks = need
+            if not req.output_ids:
+                self._count_lookup(req, cached)
+            req.computed_tokens = cached
             req.phase = Phase.RUNNING
             self._running.append(req)
+            self._cache(req, cached + n)
             batch.append((req, n))
             budget -= n
         return batch
+
+    def _count_lookup(self, req: EngineRequest, cached: int) -> None:
+        req.cached_tokens = cached
+        self.stats.prefix_queries += req.prompt_tokens
+        self.stats.prefix_hits += cached
+
+    def _cache(self, req: EngineRequest, tokens: int) -> None:
+        """Cache the request's blocks that ``tokens`` fill (vLLM's allocate_slots caches up to the computed
+        and scheduled tokens, at most the request's own)."""
+        full = min(tokens, req.context_tokens) // BLOCK_TOKENS
+        if full > len(req.kv.held):
+            ids = req.token_ids() if self.publish_events is not None else None
+            self.kv.cache(req.kv, req.block_hashes(full), full, ids or ())
 
     def _duration_s(self, batch: list[tuple[EngineRequest, int]]) -> float:
         cal = self.profile.calibration
@@ -302,10 +324,10 @@ class EngineCore:
 
     def _complete(self, req: EngineRequest, reason: str) -> None:
         self._running.remove(req)
-        hashes = block_hashes(req.prompt_ids)
         if req.hold_kv and reason == "length":
             expires_s = time.monotonic() + self.kv_lease_s
-            held = self.kv.hold(req.request_id, req.blocks, req.prompt_tokens, expires_s)
+            held = self.kv.hold(req.request_id, req.kv, req.prompt_tokens, expires_s)
+            req.kv = RequestBlocks()  # the held entry owns them now
             req.kv_transfer_params = {
                 "do_remote_prefill": True,
                 "do_remote_decode": False,
@@ -323,9 +345,7 @@ class EngineCore:
                 "remote_prefill_cached_tokens": req.cached_tokens,
             }
         else:
-            self.kv.free(req.blocks)
-        req.blocks = 0
-        self.kv.remember(hashes, req.prompt_ids)
+            self.kv.free(req.kv)
         self.stats.prompt_tokens += req.prompt_tokens
         self.observer("e2e", time.monotonic() - req.arrival_s)
         self._finish(req, reason)
@@ -345,8 +365,7 @@ class EngineCore:
     def _preempt(self, req: EngineRequest) -> None:
         """vLLM's recompute preemption: free the request's KV and requeue it at the front."""
         self._running.remove(req)
-        self.kv.free(req.blocks)
-        req.blocks = 0
+        self.kv.free(req.kv)
         req.computed_tokens = 0
         req.kv_pull = None  # its KV is gone: recompute locally, prompt and output so far
         req.phase = Phase.WAITING
@@ -371,7 +390,7 @@ class EngineCore:
         try:
             if self.puller is None:
                 raise PullFailed("no KV connector configured")
-            found = await self.puller(params, req.prompt_tokens)
+            found = await self.puller(params, req.pull_tokens)
             if not found:
                 # vLLM's decode side reads whatever the block ids point at and carries on; only the
                 # prefill engine notices ("potentially invalid KV blocks"). Same here.
@@ -381,8 +400,7 @@ class EngineCore:
             self._pulling -= 1
             if req.finished:
                 return  # aborted meanwhile; abort() freed its blocks
-            self.kv.free(req.blocks)
-            req.blocks = 0
+            self.kv.free(req.kv)
             if self.kv_failure_policy == "fail":
                 self._fail(req, f"KV transfer failed: {e}")
                 return

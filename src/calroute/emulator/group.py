@@ -97,7 +97,7 @@ class EngineGroup:
             kv_failure_policy=cfg.kv_failure_policy,
             publish_events=None if publisher is None else publisher.publish,
         )
-        core.puller = lambda params, prompt_tokens: self._pull(core, params, prompt_tokens)
+        core.puller = lambda params, pull_tokens: self._pull(core, params, pull_tokens)
         core.releaser = self._release
         server = EngineServer(
             core,
@@ -124,23 +124,25 @@ class EngineGroup:
                 return e
         return None
 
-    async def _pull(self, core: EngineCore, params: dict[str, Any], prompt_tokens: int) -> bool:
+    async def _pull(self, core: EngineCore, params: dict[str, Any], pull_tokens: int) -> bool:
+        """Read ``pull_tokens`` of the held prompt (what the decode engine's cache lacks) from the prefill
+        engine ``params`` name."""
         host = str(params["remote_host"])
         port = int(params["remote_port"])
         rid = str(params["remote_request_id"])
         started = time.monotonic()
         local = self._by_port(host, port)
         if local is not None:
-            status, found = await local.server.serve_pull(rid)
+            status, found = await local.server.serve_pull(rid, pull_tokens)
         else:
             assert self._session is not None
             try:
                 timeout = aiohttp.ClientTimeout(
-                    total=self.config.handshake_timeout_s + core.transfer_s(prompt_tokens)
+                    total=self.config.handshake_timeout_s + core.transfer_s(pull_tokens)
                 )
                 async with self._session.post(
                     f"http://{host}:{port}/_calroute/kv/pull",
-                    json={"remote_request_id": rid},
+                    json={"remote_request_id": rid, "tokens": pull_tokens},
                     timeout=timeout,
                 ) as r:
                     status = r.status
@@ -153,7 +155,7 @@ class EngineGroup:
         if status != 200:
             raise PullFailed(f"prefill engine {host}:{port} answered the KV pull with HTTP {status}")
         if not found:
-            await asyncio.sleep(core.transfer_s(prompt_tokens))  # the decode side reads the blocks anyway
+            await asyncio.sleep(core.transfer_s(pull_tokens))  # the decode side reads the blocks anyway
         return found
 
     async def _release(self, params: dict[str, Any]) -> None:

@@ -1,23 +1,31 @@
-"""The emulated engine's KV cache: paged blocks, a prefix cache over freed blocks, and blocks held for a
-remote decode engine (the prefill side of NixlConnector) until they are pulled or their lease expires.
+"""The emulated engine's KV cache: vLLM's block pool in 16-token blocks (kvcache/pool.py, the model the
+simulator's engines share), and blocks held for a remote decode engine (the prefill side of NixlConnector)
+until they are pulled or their lease expires.
 
-With events on, the prefix cache records what vLLM's block pool publishes as KV events (docs/prefix.md, "KV
-events on the wire"): blocks stored, blocks evicted, the whole cache cleared. The engine core takes them
-once per step and publishes them (publisher.py, in vLLM's wire format: contract/kv_events.py).
+With events on, the pool's changes are recorded as vLLM's block pool queues them as KV events (docs/prefix.md,
+"KV events on the wire"): blocks stored as they are cached, blocks evicted as an allocation takes their room,
+the whole cache cleared. The engine core takes them once per step and publishes them (publisher.py, in
+vLLM's wire format: contract/kv_events.py).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from calroute.contract.blocks import BLOCK_TOKENS
 from calroute.contract.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from calroute.kvcache.pool import BlockPool, RequestBlocks
 
 
 def blocks_for(tokens: int) -> int:
     return -(-tokens // BLOCK_TOKENS)
+
+
+def held_blocks(rb: RequestBlocks) -> int:
+    """The blocks a request holds: its cached ones and the rest, whole blocks (the emulator allocates no
+    less)."""
+    return len(rb.held) + rb.anon_tokens // BLOCK_TOKENS
 
 
 @dataclass
@@ -25,94 +33,78 @@ class HeldKv:
     """Blocks a prefill engine keeps for a decode engine to pull."""
 
     request_id: str
-    blocks: int
+    kv: RequestBlocks
     prompt_tokens: int
     block_ids: list[int]
     expires_at_s: float
 
 
 class KvCache:
-    """Block accounting. Cached prefix blocks are free (evictable), as in vLLM: usage counts only blocks
-    held by requests, running or waiting to be pulled."""
+    """An engine's blocks. Cached blocks nobody holds are free (evictable), as in vLLM: usage counts only
+    blocks held by requests, running or waiting to be pulled."""
 
     def __init__(self, capacity_tokens: int, record_events: bool = False) -> None:
         self.total_blocks = max(1, capacity_tokens // BLOCK_TOKENS)
         # None: events off (the default), so an engine nobody subscribes to keeps no event list.
         self._events: list[KvEvent] | None = [] if record_events else None
-        self.used_blocks = 0
-        self._prefix: OrderedDict[int, None] = OrderedDict()
+        self.pool = BlockPool(self.total_blocks * BLOCK_TOKENS, BLOCK_TOKENS, self if record_events else None)
         self.held: dict[str, HeldKv] = {}
         self._next_block_id = 0
 
     @property
     def free_blocks(self) -> int:
-        return self.total_blocks - self.used_blocks
+        return self.pool.free_tokens // BLOCK_TOKENS
+
+    @property
+    def used_blocks(self) -> int:
+        return self.total_blocks - self.free_blocks
 
     def usage(self) -> float:
         return self.used_blocks / self.total_blocks
 
-    def try_allocate(self, blocks: int) -> bool:
-        if blocks > self.free_blocks:
-            return False
-        self.used_blocks += blocks
-        return True
+    # ---- a request's blocks ---------------------------------------------------------------------------
 
-    def free(self, blocks: int) -> None:
-        self.used_blocks -= blocks
-        if self.used_blocks < 0:
-            raise RuntimeError("KV blocks freed twice")
+    def lookup(self, hashes: Sequence[int], num_tokens: int) -> int:
+        """Blocks of ``hashes`` cached now, at most ``num_tokens - 1`` tokens' worth (vLLM's hit)."""
+        return self.pool.lookup(hashes, num_tokens)
 
-    # ---- prefix cache ---------------------------------------------------------------------------------
+    def admission_blocks(self, hashes: Sequence[int], hit_blocks: int, new_blocks: int) -> int:
+        return self.pool.admission_tokens(hashes, hit_blocks, new_blocks * BLOCK_TOKENS) // BLOCK_TOKENS
 
-    def cached_prefix_tokens(self, hashes: Sequence[int]) -> int:
-        prefix = self._prefix
-        hit = 0
-        for h in hashes:
-            if h not in prefix:
-                break
-            hit += 1
-        for h in reversed(hashes[:hit]):  # touched as ``remember`` orders them: the first block last
-            prefix.move_to_end(h)
-        return hit * BLOCK_TOKENS
+    def admit(
+        self, rb: RequestBlocks, hashes: Sequence[int], hit_blocks: int, new_blocks: int, num_tokens: int
+    ) -> bool:
+        return self.pool.admit(rb, hashes, hit_blocks, new_blocks * BLOCK_TOKENS, num_tokens)
 
-    def remember(self, hashes: Sequence[int], prompt_ids: Sequence[int] = ()) -> None:
-        """Cache a finished prompt's full blocks (``prompt_ids``: its tokens, for the BlockStored events)."""
-        events = self._events
-        prefix = self._prefix
-        if events is not None:
-            run_start = -1  # first block of the current run of newly cached blocks
-            for i, h in enumerate(hashes):
-                if h in prefix:
-                    if run_start >= 0:
-                        events.append(self._stored(hashes, run_start, i, prompt_ids))
-                        run_start = -1
-                elif run_start < 0:
-                    run_start = i
-            if run_start >= 0:
-                events.append(self._stored(hashes, run_start, len(hashes), prompt_ids))
-        # Most recently used in reverse, the first block last: vLLM frees a request's blocks "in reverse
-        # order so that the tail blocks are evicted first" (KVCacheManager.free), so a prompt's cached run
-        # shortens from its end instead of losing its first block and every hit with it.
-        for h in reversed(hashes):
-            prefix[h] = None
-            prefix.move_to_end(h)
-        evicted = []
-        while len(prefix) > self.total_blocks:
-            old, _ = prefix.popitem(last=False)
-            evicted.append(old)
-        if events is not None and evicted:
-            events.append(BlockRemoved(evicted))
+    def allocate(self, rb: RequestBlocks, blocks: int) -> bool:
+        return self.pool.allocate(rb, blocks * BLOCK_TOKENS)
 
-    @staticmethod
-    def _stored(hashes: Sequence[int], start: int, end: int, prompt_ids: Sequence[int]) -> BlockStored:
-        # A run that starts past block 0 chains on the block before it, which is cached (a hit or stored
-        # earlier in this call), as vLLM's BlockStored names the parent of a run it stores.
-        parent = hashes[start - 1] if start else None
-        tokens = list(prompt_ids[start * BLOCK_TOKENS : end * BLOCK_TOKENS])
-        return BlockStored(list(hashes[start:end]), parent, tokens)
+    def cache(
+        self, rb: RequestBlocks, hashes: Sequence[int], full_blocks: int, tokens: Sequence[int]
+    ) -> None:
+        self.pool.cache(rb, hashes, full_blocks, tokens)
+
+    def free(self, rb: RequestBlocks) -> None:
+        self.pool.free(rb)
 
     def reset_prefix_cache(self) -> None:
-        self._prefix.clear()
+        self.pool.clear()
+
+    # ---- the pool's events, as vLLM's block pool queues them ------------------------------------------
+
+    def stored(
+        self, hashes: list[int], parent: int | None, first_block: int, tokens: Sequence[int] | None
+    ) -> None:
+        if self._events is not None:
+            start = first_block * BLOCK_TOKENS
+            ids = [] if tokens is None else list(tokens[start : start + len(hashes) * BLOCK_TOKENS])
+            self._events.append(BlockStored(list(hashes), parent, ids))
+
+    def removed(self, hashes: list[int]) -> None:
+        if self._events is not None:
+            self._events.append(BlockRemoved(list(hashes)))
+
+    def cleared(self) -> None:
         if self._events is not None:
             self._events.append(AllBlocksCleared())
 
@@ -126,17 +118,18 @@ class KvCache:
 
     # ---- blocks held for a remote decode ----------------------------------------------------------------
 
-    def hold(self, request_id: str, blocks: int, prompt_tokens: int, expires_at_s: float) -> HeldKv:
+    def hold(self, request_id: str, rb: RequestBlocks, prompt_tokens: int, expires_at_s: float) -> HeldKv:
+        blocks = held_blocks(rb)
         ids = list(range(self._next_block_id, self._next_block_id + blocks))
         self._next_block_id += blocks
-        held = HeldKv(request_id, blocks, prompt_tokens, ids, expires_at_s)
+        held = HeldKv(request_id, rb, prompt_tokens, ids, expires_at_s)
         self.held[request_id] = held
         return held
 
     def release_held(self, request_id: str) -> HeldKv | None:
         held = self.held.pop(request_id, None)
         if held is not None:
-            self.free(held.blocks)
+            self.free(held.kv)
         return held
 
     def expire_held(self, now_s: float) -> list[HeldKv]:

@@ -267,8 +267,9 @@ class EngineServer:
 
     # ---- the KV side channel: a decode engine pulls a held prompt's KV --------------------------------
 
-    async def serve_pull(self, remote_request_id: str) -> tuple[int, bool]:
-        """(HTTP status, found). Found: wait the modelled transfer time, then free the blocks."""
+    async def serve_pull(self, remote_request_id: str, tokens: int | None = None) -> tuple[int, bool]:
+        """(HTTP status, found). Found: wait the modelled time to move ``tokens`` of the prompt (the part the
+        decode engine lacks; None: all of it), then free the blocks."""
         if self.faults.refuse_kv_pulls:
             return 503, False
         prompt_tokens = self.core.held_prompt_tokens(remote_request_id)
@@ -280,7 +281,8 @@ class EngineServer:
             )
             self.core.stats.kv_unknown_pulls += 1
             return 200, False
-        await asyncio.sleep(self.core.transfer_s(prompt_tokens))
+        moved = prompt_tokens if tokens is None else min(tokens, prompt_tokens)
+        await asyncio.sleep(self.core.transfer_s(moved))
         self.core.release_held(remote_request_id)
         return 200, True
 
@@ -291,7 +293,10 @@ class EngineServer:
             return _error(api.ApiError(400, "remote_request_id is required", "remote_request_id"))
         if body.get("transfer") is False:  # the decode side aborted first: free the blocks unread
             return web.json_response({"found": self.core.release_held(rid) is not None})
-        status, found = await asyncio.shield(self.serve_pull(rid))
+        tokens = body.get("tokens")
+        if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0):
+            return _error(api.ApiError(400, "tokens must be an integer >= 0", "tokens"))
+        status, found = await asyncio.shield(self.serve_pull(rid, tokens))
         return web.json_response({"found": found}, status=status)
 
     # ---- faults -------------------------------------------------------------------------------------

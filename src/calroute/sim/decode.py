@@ -10,7 +10,11 @@ step would not fit in KV, the most recently joined requests are preempted (freed
 recomputed on rejoining); then waiting requests are admitted while KV (minus a watermark) and the
 sequence limit allow: their KV is reserved and pulled from the prefill engine (latency + bytes/bandwidth),
 after which they join at the next boundary. Only the prompt's blocks that the engine's own prefix cache
-lacks are pulled (vLLM's NixlConnector asks for the tokens past the local cache hit, docs/prefix.md).
+lacks are pulled (vLLM's NixlConnector asks for the tokens past the local cache hit: pull_scheduler.py
+``get_num_new_matched_tokens``), and the pulled blocks are cached when the pull is done.
+
+KV in use is the engine's pool (kvcache/pool.py: the prompts, a shared block once) plus its streams' output
+tokens, counted in closed form (``_out_tokens``). The pool's free cached blocks live in the room both leave.
 """
 
 from __future__ import annotations
@@ -21,9 +25,10 @@ from collections.abc import Callable
 
 from calroute.costmodel.calibration import DecodeCurve, PrefillCurve
 from calroute.costmodel.profiles import EngineLimits
+from calroute.kvcache.pool import BlockPool, RequestBlocks
 from calroute.routing.heap import Entry, MinHeap
+from calroute.sim.cache_events import CacheEvents, CacheListener
 from calroute.sim.kernel import URGENT, Kernel
-from calroute.sim.prefix_cache import BlockCache, CacheListener
 from calroute.sim.requests import SimRequest
 from calroute.sim.sampling import HeldMetrics, ReadHorizon, Sample
 from calroute.types import InstanceState, Role
@@ -65,7 +70,6 @@ class DecodeInstance:
         self._waiting: deque[SimRequest] = deque()
         self._joiners: list[SimRequest] = []
         self._transferring = 0
-        self._reserved = 0  # KV reserved for transfers in flight
         self._running: dict[int, SimRequest] = {}
         self._join_stack: list[int] = []  # join orders, newest last (lazy: finished ones are skipped)
         self._finish_heap = MinHeap()  # keyed by finish step, ordered by join order
@@ -84,7 +88,11 @@ class DecodeInstance:
         self.peak_kv_used_tokens = 0
         self.preemptions = 0
         self.metrics = HeldMetrics(sample_interval_s, self._metrics_at, horizon)
-        self.cache = BlockCache(block_tokens, cache_listener)
+        self.pool = BlockPool(
+            limits.kv_capacity_tokens,
+            block_tokens,
+            None if cache_listener is None else CacheEvents(cache_listener),
+        )
         # bound once: each `self._on_event` would build a new bound-method object per scheduled event
         self._on_event_cb: Callable[[tuple[int, int]], None] = self._on_event
         self._transfer_done_cb: Callable[[SimRequest], None] = self._transfer_done
@@ -132,6 +140,9 @@ class DecodeInstance:
     def _transfer_done(self, req: SimRequest) -> None:
         self.metrics.touch(self._kernel.now_s)
         self._transferring -= 1
+        rb = req.decode_kv
+        if req.prefix_blocks and rb is not None:
+            self.pool.cache(rb, req.prefix_blocks, len(req.prefix_blocks))  # vLLM: delay_cache_blocks
         self._joiners.append(req)
         self._on_pulled(req)
         self._poke()
@@ -185,74 +196,90 @@ class DecodeInstance:
                 req.running = False
                 req.emitted_tokens = req.output_tokens
                 req.last_token_s = now
-                if req.prefix_blocks:
-                    self.cache.release(req.prefix_blocks)
+                self._free(req)
                 on_done(req)
         # 2. requests whose KV arrived join
         extra = 0.0
         joiners = self._joiners
         if joiners:
             for req in joiners:
-                self._reserved -= req.prompt_tokens
                 self._join(req)
             joiners.clear()
         # 3. the next step must fit: preempt the newest requests (vLLM's recompute preemption)
         cap = self.kv_capacity_tokens
-        # context tokens of the running batch: prompt_sum + len(running) * steps - join_sum
-        while (
-            running and self._prompt_sum + len(running) * (steps + 1) - self._join_sum + self._reserved > cap
-        ):
+        pool = self.pool
+        block_tokens = pool.block_tokens
+        # KV in use: the pool's, and the running streams' output tokens (len(running) * steps - join_sum)
+        while running and pool.used_tokens + len(running) * (steps + 1) - self._join_sum > cap:
             self._preempt_newest()
         # 4. admit waiting requests while KV and the sequence limit allow
         waiting = self._waiting
         admit_limit = self._admit_limit
         while waiting:
             req = waiting[0]
-            need = req.recompute_tokens or req.prompt_tokens
+            blocks = req.prefix_blocks
+            recompute = req.recompute_tokens
+            hit = pool.lookup(blocks, req.prompt_tokens) if blocks else 0
+            new_tokens = req.prompt_tokens - hit * block_tokens
+            need = pool.admission_tokens(blocks, hit, new_tokens) + (
+                recompute - req.prompt_tokens if recompute else 0
+            )
             n = len(running)
-            used = self._prompt_sum + n * (steps + 1) - self._join_sum + self._reserved + 1
+            out = n * (steps + 1) - self._join_sum
+            used = pool.used_tokens + out + 1
             busy = n + self._transferring + len(self._joiners)
             # The watermark keeps room for running requests to grow; an idle engine has none to keep, and a
             # request that fits its whole budget (the admission check) must be served, or it waits forever.
             if (used + need > admit_limit and (busy or used + need > cap)) or busy >= self._max_seqs:
                 break
+            rb = RequestBlocks()
+            if not pool.admit(rb, blocks, hit, new_tokens, req.prompt_tokens, out):
+                break
             waiting.popleft()
-            if req.recompute_tokens:
+            req.decode_kv = rb
+            if recompute:
+                # the prompt's cached blocks are not recomputed (vLLM looks the cache up again)
                 c = self._recompute
-                extra += c.per_token_s * need + c.attn_s_per_token2 * need * need / 2
+                done = hit * block_tokens
+                extra += (
+                    c.per_token_s * (recompute - done)
+                    + c.attn_s_per_token2 * (recompute * recompute - done * done) / 2
+                )
                 req.recompute_tokens = 0
+                if blocks:
+                    pool.cache(rb, blocks, len(blocks))
                 self._join(req)
             else:
-                self._reserved += req.prompt_tokens
                 self._transferring += 1
-                pull = req.prompt_tokens
-                if req.prefix_blocks:
-                    req.cached_decode_tokens = self.cache.acquire(req.prefix_blocks, req.prompt_tokens)
-                    pull -= req.cached_decode_tokens
-                self._kernel.at(now + self._transfer_s(pull), self._transfer_done_cb, req, URGENT)
+                cached = hit * block_tokens
+                req.cached_decode_tokens = cached
+                self._kernel.at(
+                    now + self._transfer_s(req.prompt_tokens - cached), self._transfer_done_cb, req, URGENT
+                )
         # 5. plan the next stretch
         self._epoch_s = now
         self._extra_s = extra
         n = len(running)
-        reserved = self._reserved
-        if self.cache.free_blocks:
-            self.cache.trim(cap - (self._prompt_sum + n * steps - self._join_sum + reserved))
+        out = n * steps - self._join_sum
+        if pool.cached_free_blocks:
+            pool.fit(out)
+        used = pool.used_tokens
         if n == 0:
             self._fresh.clear()
-            if reserved > self.peak_kv_used_tokens:
-                self.peak_kv_used_tokens = reserved
+            if used > self.peak_kv_used_tokens:
+                self.peak_kv_used_tokens = used
             return
-        context = self._prompt_sum + n * steps - self._join_sum
+        context = self._prompt_sum + out
         self._step0_s = step0 = self._a + self._b * n + self._c * context
         self._growth_s = growth = self._c * n
-        k_kv = (cap - reserved - context) // n
+        k_kv = (cap - used - out) // n
         # min() of three is a generic call in the compiled build; two comparisons are not
         k_next = int(heap.top_key()) - steps  # a request runs, so an entry is there; steps fit a float
         if k_kv < k_next:
             k_next = k_kv
         if self._max_stretch < k_next:
             k_next = self._max_stretch
-        peak = context + n * k_next + reserved  # KV in use at the end of the stretch
+        peak = used + out + n * k_next  # KV in use at the end of the stretch
         if peak > self.peak_kv_used_tokens:
             self.peak_kv_used_tokens = peak
         if self._fresh:
@@ -285,6 +312,12 @@ class DecodeInstance:
         self._prompt_sum += req.prompt_tokens
         self._join_sum += req.join_step
 
+    def _free(self, req: SimRequest) -> None:
+        rb = req.decode_kv
+        if rb is not None:
+            self.pool.free(rb)
+            req.decode_kv = None
+
     def _preempt_newest(self) -> None:
         stack = self._join_stack
         while stack[-1] not in self._running:
@@ -292,6 +325,7 @@ class DecodeInstance:
         req = self._running.pop(stack.pop())
         self._prompt_sum -= req.prompt_tokens
         self._join_sum -= req.join_step
+        self._free(req)
         req.running = False
         req.emitted_tokens = self._steps - req.join_step
         req.recompute_tokens = req.prompt_tokens + req.emitted_tokens
@@ -316,7 +350,8 @@ class DecodeInstance:
         coming: set[int] = set()
         for req in self._waiting:
             coming.update(req.prefix_blocks)
-        cached = self.cache.peek_ahead(blocks, prompt_tokens, coming) if blocks else 0
+        pool = self.pool
+        cached = pool.lookup_ahead(blocks, prompt_tokens, coming) * pool.block_tokens if blocks else 0
         sample = self._metrics_at(now_s)
         steps = self._steps + (self._steps_at(now_s) if self._running else 0)
         left_tokens = 0  # output tokens still to come here, over every stream
@@ -350,6 +385,6 @@ class DecodeInstance:
     def _metrics_at(self, t: float) -> Sample:
         """KV in use, running and waiting at ``t``, within the current stretch."""
         n = len(self._running)
-        kv = self._prompt_sum + n * self._steps - self._join_sum  # context tokens at the stretch start
-        kv = kv + (n * self._steps_at(t) if n else 0) + self._reserved
+        kv = self.pool.used_tokens + n * self._steps - self._join_sum  # at the stretch start
+        kv = kv + (n * self._steps_at(t) if n else 0)
         return Sample(t, kv, n, len(self._waiting) + self._transferring + len(self._joiners))

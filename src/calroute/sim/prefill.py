@@ -1,7 +1,9 @@
 """A prefill engine: FCFS queue, iterations that batch prompt tokens under a token budget (a prompt larger
 than what is left of the budget is chunked across iterations), and a KV budget: a prompt's KV is held from
 its first chunk until the decode engine has pulled it, and the head of the queue waits when KV is full.
-A prompt's leading blocks found in the engine's prefix cache (prefix_cache.py) are not computed."""
+A prompt's leading blocks found in the engine's prefix cache (kvcache/pool.py, vLLM's block pool) are not
+computed; the blocks each iteration fills are cached when it is scheduled, as vLLM caches them, and
+announced when it ends (cache_events.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,9 @@ from collections import deque
 from collections.abc import Callable
 
 from calroute.costmodel.calibration import PrefillCurve
+from calroute.kvcache.pool import BlockPool, RequestBlocks
+from calroute.sim.cache_events import CacheEvents, CacheListener
 from calroute.sim.kernel import URGENT, Kernel
-from calroute.sim.prefix_cache import BlockCache, CacheListener
 from calroute.sim.requests import SimRequest
 from calroute.sim.sampling import HeldMetrics, ReadHorizon, Sample
 from calroute.types import InstanceState, Role
@@ -39,10 +42,14 @@ class PrefillInstance:
         self._queue: deque[SimRequest] = deque()
         self._busy = False
         self._batch_size = 0
-        self.kv_used_tokens = 0
         self.peak_kv_used_tokens = 0
         self.metrics = HeldMetrics(sample_interval_s, self._metrics_at, horizon)
-        self.cache = BlockCache(block_tokens, cache_listener)
+        self._events = None if cache_listener is None else CacheEvents(cache_listener, buffering=True)
+        self.pool = BlockPool(kv_capacity_tokens, block_tokens, self._events)
+
+    @property
+    def kv_used_tokens(self) -> int:
+        return self.pool.used_tokens
 
     def enqueue(self, req: SimRequest) -> None:
         self.metrics.touch(self._kernel.now_s)
@@ -56,10 +63,10 @@ class PrefillInstance:
         if req.prefill_kv_held:
             self.metrics.touch(self._kernel.now_s)
             req.prefill_kv_held = False
-            self.kv_used_tokens -= req.prompt_tokens
-            if req.prefix_blocks:
-                self.cache.release(req.prefix_blocks)
-                self.cache.trim(self.kv_capacity_tokens - self.kv_used_tokens)
+            rb = req.prefill_kv
+            if rb is not None:
+                self.pool.free(rb)
+                req.prefill_kv = None
             if not self._busy and self._queue:
                 self._start_iteration()
 
@@ -68,22 +75,29 @@ class PrefillInstance:
         tokens = 0
         attn = 0.0
         batch: list[tuple[SimRequest, int]] = []
+        pool = self.pool
+        block_tokens = pool.block_tokens
         for req in self._queue:
+            blocks = req.prefix_blocks
             if not req.prefill_kv_held:
-                if self.kv_used_tokens + req.prompt_tokens > self.kv_capacity_tokens:
+                # vLLM looks its prefix cache up when it first schedules a request
+                hit = pool.lookup(blocks, req.prompt_tokens) if blocks else 0
+                cached = hit * block_tokens
+                fresh = RequestBlocks()
+                if not pool.admit(fresh, blocks, hit, req.prompt_tokens - cached, req.prompt_tokens):
                     break  # FCFS: the head waits for KV rather than being overtaken
+                req.prefill_kv = fresh
                 req.prefill_kv_held = True
-                self.kv_used_tokens += req.prompt_tokens
-                if self.kv_used_tokens > self.peak_kv_used_tokens:
-                    self.peak_kv_used_tokens = self.kv_used_tokens
-                if req.prefix_blocks:
-                    # vLLM looks its prefix cache up when it first schedules a request
-                    cached = self.cache.acquire(req.prefix_blocks, req.prompt_tokens)
-                    req.cached_prefill_tokens = cached
-                    req.prefill_left_tokens = req.prompt_tokens - cached
-                    self.cache.trim(self.kv_capacity_tokens - self.kv_used_tokens)
+                req.cached_prefill_tokens = cached
+                req.prefill_left_tokens = req.prompt_tokens - cached
+                if pool.used_tokens > self.peak_kv_used_tokens:
+                    self.peak_kv_used_tokens = pool.used_tokens
             chunk = min(req.prefill_left_tokens, budget)
             done_before = req.prompt_tokens - req.prefill_left_tokens
+            held = req.prefill_kv
+            if blocks and held is not None:
+                # cached as scheduled: a request scheduled later (or after it in this batch) hits them
+                pool.cache(held, blocks, (done_before + chunk) // block_tokens)
             attn += chunk * (done_before + chunk / 2)
             tokens += chunk
             budget -= chunk
@@ -102,6 +116,8 @@ class PrefillInstance:
     def _end_iteration(self, batch: list[tuple[SimRequest, int]]) -> None:
         now = self._kernel.now_s
         self.metrics.touch(now)
+        if self._events is not None:
+            self._events.flush()  # the step's events, published after it as vLLM's engine core does
         for req, chunk in batch:
             req.prefill_left_tokens -= chunk
             if req.prefill_left_tokens == 0:
@@ -121,7 +137,8 @@ class PrefillInstance:
         it has still to compute, priced at the hardware's ``tau_pre_s`` (a queued prompt hits what is cached
         and what the prompts ahead of it will cache), the KV it holds and will hold, and the hits this
         request would get behind them all."""
-        cache = self.cache
+        pool = self.pool
+        b = pool.block_tokens
         coming: set[int] = set()
         left = 0
         pending_kv = 0
@@ -131,11 +148,13 @@ class PrefillInstance:
             else:
                 pending_kv += req.prompt_tokens
                 hits = (
-                    cache.peek_ahead(req.prefix_blocks, req.prompt_tokens, coming) if req.prefix_blocks else 0
+                    pool.lookup_ahead(req.prefix_blocks, req.prompt_tokens, coming) * b
+                    if req.prefix_blocks
+                    else 0
                 )
                 left += req.prompt_tokens - hits
             coming.update(req.prefix_blocks)
-        cached = cache.peek_ahead(blocks, prompt_tokens, coming) if blocks else 0
+        cached = pool.lookup_ahead(blocks, prompt_tokens, coming) * b if blocks else 0
         n = len(self._queue)
         return InstanceState(
             self.instance_id,

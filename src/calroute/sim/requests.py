@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from calroute.kvcache.pool import RequestBlocks
 from calroute.types import SloClass
 
 
@@ -24,6 +25,8 @@ class SimRequest:
         "predicted_cached_tokens",
         "prefill_left_tokens",
         "prefill_kv_held",
+        "prefill_kv",
+        "decode_kv",
         "join_step",
         "join_order",
         "emitted_tokens",
@@ -64,6 +67,9 @@ class SimRequest:
         # prefill progress
         self.prefill_left_tokens = 0
         self.prefill_kv_held = False
+        # what the request holds in each engine's pool (kvcache/pool.py), while it holds it
+        self.prefill_kv: RequestBlocks | None = None
+        self.decode_kv: RequestBlocks | None = None
         # decode progress: emitted tokens = instance steps done - join_step while running
         self.join_step = 0
         self.join_order = 0

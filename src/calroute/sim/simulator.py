@@ -16,10 +16,10 @@ from calroute.errors import ConfigError
 from calroute.results.records import RequestRecord
 from calroute.routing.heap import Entry, MinHeap
 from calroute.routing.router import Router, TrueView
+from calroute.sim.cache_events import CacheListener
 from calroute.sim.decode import DecodeInstance
 from calroute.sim.kernel import Kernel
 from calroute.sim.prefill import PrefillInstance
-from calroute.sim.prefix_cache import CacheListener
 from calroute.sim.requests import SimRequest
 from calroute.sim.sampling import ReadHorizon, Sample, poll
 from calroute.types import (

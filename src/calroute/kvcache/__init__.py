@@ -1,0 +1,1 @@
+"""An engine's KV cache as vLLM's block pool keeps it: the simulator's and the emulator's one model."""
