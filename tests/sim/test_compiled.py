@@ -128,6 +128,18 @@ CASES = {
         "--policies",
         "marginal_cost",
     ],
+    "shared prefixes on KV events: the caches (kvcache/pool.py) and the index": [
+        "--workload",
+        "shared-prefix",
+        "--rate",
+        "8",
+        "--requests",
+        "800",
+        "--prefix-source",
+        "precise",
+        "--policies",
+        "marginal_cost,cache_aware",
+    ],
 }
 
 

@@ -149,3 +149,38 @@ def test_metrics_are_held_as_of_the_last_poll_tick() -> None:
         t += step(2, 200 + 2 * steps)
         steps += 1
     assert kv == 200 + 2 * steps
+
+
+def test_a_decode_engine_pulls_what_its_cache_lacks_and_caches_it_when_pulled() -> None:
+    kernel = Kernel()
+    asked: list[int] = []
+    heard: list[tuple[float, bool, tuple[int, ...]]] = []
+
+    def transfer_s(tokens: int) -> float:
+        asked.append(tokens)
+        return TRANSFER_S
+
+    engine = DecodeInstance(
+        "d0",
+        kernel,
+        CURVE,
+        RECOMPUTE,
+        transfer_s,
+        EngineLimits(),
+        lambda r: None,
+        lambda t, rs: None,
+        lambda r: None,
+        block_tokens=512,
+        cache_listener=lambda stored, blocks: heard.append((kernel.now_s, stored, blocks)),
+    )
+    first = SimRequest("a", 0.0, 1100, 5, SloClass.LOOSE, 5, "p0", "d0", (1, 2))
+    second = SimRequest("b", 0.0, 1600, 5, SloClass.LOOSE, 5, "p0", "d0", (1, 2, 3))
+    kernel.at(0.0, lambda _: engine.enqueue(first))
+    kernel.at(1.0, lambda _: engine.enqueue(second))
+    kernel.run()
+    # a: nothing cached, the whole prompt pulled, its blocks cached when the pull is done; b: hits a's two
+    # blocks and pulls the 576 tokens past them
+    assert asked == [1100, 1600 - 1024]
+    assert heard[0] == (pytest.approx(TRANSFER_S), True, (1, 2))
+    assert second.cached_decode_tokens == 1024 and first.cached_decode_tokens == 0
+    assert engine.pool.used_tokens == 0 and engine.pool.cached_blocks == 3

@@ -76,3 +76,41 @@ def test_head_waits_for_kv_until_the_decode_side_pulls() -> None:
     kernel.run()
     assert done[1] == ("b", pytest.approx(5.0 + CURVE.single_s(1000)))
     assert inst.peak_kv_used_tokens <= 1500
+
+
+def test_a_prompt_is_cached_chunk_by_chunk_and_announced_when_its_iteration_ends() -> None:
+    # budget 1024 tokens, 512-token blocks: a 2,600-token prompt of 5 full blocks is computed in 3 chunks;
+    # each iteration caches the blocks it fills when it is scheduled (a request scheduled beside or after it
+    # hits them) and the engine announces them when the iteration ends, as vLLM publishes a step's events
+    kernel = Kernel()
+    heard: list[tuple[float, bool, tuple[int, ...]]] = []
+    inst = PrefillInstance(
+        "p0",
+        kernel,
+        CURVE,
+        60_000,
+        1024,
+        lambda r: None,
+        block_tokens=512,
+        cache_listener=lambda stored, blocks: heard.append((kernel.now_s, stored, blocks)),
+    )
+    long = SimRequest("long", 0.0, 2600, 10, SloClass.LOOSE, 10, "p0", "d0", (1, 2, 3, 4, 5))
+    seen: list[tuple[int, int]] = []
+    kernel.at(0.0, lambda _: inst.enqueue(long))
+    kernel.at(0.0, lambda _: seen.append((inst.pool.cached_blocks, len(heard))))
+    kernel.run()
+    assert seen == [(2, 0)]  # the first chunk's two blocks cached when scheduled, not yet announced
+    t1 = CURVE.base_s + CURVE.per_token_s * 1024 + CURVE.attn_s_per_token2 * 1024 * 512
+    assert [h[1:] for h in heard] == [(True, (1, 2)), (True, (3, 4)), (True, (5,))]
+    assert heard[0][0] == pytest.approx(t1)
+
+
+def test_a_prompt_queued_behind_its_prefix_hits_what_the_head_computed() -> None:
+    kernel, inst, done = build(budget=1024)
+    head = SimRequest("head", 0.0, 2600, 10, SloClass.LOOSE, 10, "p0", "d0", (1, 2, 3, 4, 5))
+    tail = SimRequest("tail", 0.0, 1100, 10, SloClass.LOOSE, 10, "p0", "d0", (1, 2))
+    kernel.at(0.0, lambda _: inst.enqueue(head))
+    kernel.at(0.0, lambda _: inst.enqueue(tail))
+    kernel.run()
+    # the tail is scheduled in the head's third iteration, after the head's first chunk cached blocks 1-2
+    assert tail.cached_prefill_tokens == 1024 and head.cached_prefill_tokens == 0
