@@ -263,3 +263,17 @@ def test_real_vllms_hashes_are_translated_into_the_routers() -> None:
         assert h.errors("schema") == h.errors("decode") == h.errors("gap") == 0
 
     run(test, translate_hashes=True)
+
+
+def test_each_batchs_delay_from_its_ts_is_measured() -> None:
+    # a batch stamped 0.3 s ago (the publisher's wall clock) and one with no usable ts: one observation, of
+    # at least 0.3 s; what the simulator's --kv-event-delay-s stands for
+    async def test(h: Harness) -> None:
+        h.send(encode_batch([BlockStored([1], None, [])], time.time() - 0.3))
+        h.send(msgpack.packb([None, [["BlockStored", [2], None, [], 16, None, "GPU", None]], 0]))
+        await until(lambda: h.index.match([2]) == {"p0": 16})
+        count = h.registry.get_sample_value("calroute_kv_events_delay_seconds_count")
+        total = h.registry.get_sample_value("calroute_kv_events_delay_seconds_sum")
+        assert count == 1 and total is not None and 0.3 <= total < 5.0
+
+    run(test)

@@ -17,6 +17,7 @@ BadMessage with its kind.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
@@ -258,6 +259,12 @@ def _event(ev: Any) -> Op | None:
 
 def decode_batch(payload: bytes, max_bytes: int) -> list[Op]:
     """An EventBatch payload as index operations, in order; BadMessage if it is not one."""
+    return decode_timed_batch(payload, max_bytes)[1]
+
+
+def decode_timed_batch(payload: bytes, max_bytes: int) -> tuple[float | None, list[Op]]:
+    """An EventBatch payload: its ``ts`` (the publisher's wall clock when it sent the batch; None when it is
+    not a finite number) and its index operations, in order; BadMessage if it is not one."""
     if len(payload) > max_bytes:
         raise BadMessage("oversized", f"{len(payload)} bytes")
     try:
@@ -267,11 +274,14 @@ def decode_batch(payload: bytes, max_bytes: int) -> list[Op]:
     except Exception as e:  # msgpack raises several types (ExtraData, FormatError, ValueError, ...)
         raise BadMessage("decode", f"{type(e).__name__}: {e}") from e
     if isinstance(batch, list) and len(batch) >= 2:
-        events = batch[1]
+        ts, events = batch[0], batch[1]
     elif isinstance(batch, dict):
-        events = batch.get("events")
+        ts, events = batch.get("ts"), batch.get("events")
     else:
         raise BadMessage("schema", "the batch is neither [ts, events, ...] nor {ts, events, ...}")
     if not isinstance(events, list):
         raise BadMessage("schema", "events is not a list")
-    return [op for op in (_event(e) for e in events) if op is not None]
+    stamp = float(ts) if isinstance(ts, int | float) and not isinstance(ts, bool) else None
+    if stamp is not None and not math.isfinite(stamp):
+        stamp = None
+    return stamp, [op for op in (_event(e) for e in events) if op is not None]

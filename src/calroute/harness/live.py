@@ -48,6 +48,32 @@ class LiveRun:
     summary: RunSummary
     valid: bool
     lateness_p99_s: float
+    # the proxy's KV-event batches: how many, and their mean delay from the engine's ts to the index (None:
+    # no batch, or no prefix index); what the calibrated simulator's --kv-event-delay-s is set from
+    kv_event_batches: int = 0
+    kv_event_delay_s: float | None = None
+
+
+def _kv_event_delay(url: str) -> tuple[int, float | None]:
+    """(batches, mean delay in seconds) from the proxy's calroute_kv_events_delay_seconds."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as r:  # noqa: S310 (loopback, our proxy)
+            text = r.read(4 * 1024 * 1024).decode()
+    except OSError:
+        return 0, None
+    count = total = 0.0
+    for family in text_string_to_metric_families(text):
+        if family.name == "calroute_kv_events_delay_seconds":
+            for sample in family.samples:
+                if sample.name.endswith("_count"):
+                    count = sample.value
+                elif sample.name.endswith("_sum"):
+                    total = sample.value
+    return int(count), (total / count if count else None)
 
 
 class LiveRunError(CalrouteError):
@@ -144,7 +170,13 @@ def run_variant(
                 if records.exists()
                 else RunSummary(**d["summary"])
             )
-            return LiveRun(summary, d["valid"], d["lateness_p99_s"])
+            return LiveRun(
+                summary,
+                d["valid"],
+                d["lateness_p99_s"],
+                d.get("kv_event_batches", 0),
+                d.get("kv_event_delay_s"),
+            )
     if run_dir.exists():  # made from another definition, or interrupted: its logs must not mix with ours
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -171,6 +203,7 @@ def run_variant(
                 oracle_header=variant.predictor == "oracle",
             )
         )
+        batches, delay_s = _kv_event_delay(url)
     finally:
         stop_process_group(proxy.pid)
         proxy.wait(timeout=10)
@@ -179,7 +212,7 @@ def run_variant(
         sink = RunSink(acc, RecordWriter(f, flush_every=256))
         for rec in result.records:
             sink(rec)
-    run = LiveRun(acc.summary(), result.valid, result.lateness_p99_s)
+    run = LiveRun(acc.summary(), result.valid, result.lateness_p99_s, batches, delay_s)
     tmp = done.with_suffix(".tmp")
     tmp.write_text(
         json.dumps(
@@ -187,6 +220,8 @@ def run_variant(
                 "summary": asdict(run.summary),
                 "valid": run.valid,
                 "lateness_p99_s": run.lateness_p99_s,
+                "kv_event_batches": run.kv_event_batches,
+                "kv_event_delay_s": run.kv_event_delay_s,
                 "definition": definition,
             },
             indent=2,

@@ -27,15 +27,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import zmq
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from zmq.utils.monitor import recv_monitor_message
 
 from calroute.contract.blocks import BlockTranslator
-from calroute.contract.kv_events import BadMessage, Op, decode_batch
+from calroute.contract.kv_events import BadMessage, Op, decode_timed_batch
 from calroute.routing.prefix_index import PrefixIndex
 from calroute.types import InstanceSpec
 
@@ -95,8 +96,11 @@ class KvEventSubscriber:
         reopen_after_s: float = 1.0,
         translate_hashes: bool = False,
         translate_slack: int = 2,
+        wall: Callable[[], float] = time.time,
     ) -> None:
+        """``wall``: the wall clock a batch's ``ts`` is read against (the publisher's, on the same host)."""
         self.index = index
+        self._wall = wall
         self.translate_hashes = translate_hashes
         # A translator holds about what its engine caches; the slack covers a KV capacity the cluster
         # file underestimates and blocks whose removal is still in flight.
@@ -139,6 +143,14 @@ class KvEventSubscriber:
             "and hashes do not line up), keyed (hashed on more than tokens: LoRA, cache salt, multimodal), "
             "token_ids (not token ids).",
             ["engine", "reason"],
+            registry=registry,
+        )
+        self.delay = Histogram(
+            "calroute_kv_events_delay_seconds",
+            "From a KV event batch's ts (the engine's wall clock as it published the batch, after the step "
+            "that changed its cache) to the index applying it: what the simulator's --kv-event-delay-s "
+            "stands for (an engine on another host adds its clock's offset).",
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0),
             registry=registry,
         )
         for engine_id in self._endpoints:
@@ -271,7 +283,7 @@ class KvEventSubscriber:
             if len(parts) != _PARTS or len(parts[1]) != 8:
                 raise BadMessage("frames", f"{len(parts)} parts")
             seq = int.from_bytes(parts[1], "big")
-            ops = decode_batch(parts[2], self.max_message_bytes)
+            ts, ops = decode_timed_batch(parts[2], self.max_message_bytes)
         except BadMessage as e:
             self._bad(s, e, seq)
             return
@@ -290,6 +302,8 @@ class KvEventSubscriber:
         s.last_seq = seq
         self._apply(s, ops)
         self.messages.labels(s.engine_id).inc()
+        if ts is not None:
+            self.delay.observe(max(0.0, self._wall() - ts))
 
     def _apply(self, s: _Stream, ops: list[Op]) -> None:
         index, engine_id, tr = self.index, s.engine_id, s.translator

@@ -78,6 +78,8 @@ class Run:
     label: str
     seed: int
     summary: RunSummary
+    # a live run with a prefix index on KV events: their mean delay from the engine's ts to the index
+    kv_event_delay_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,10 @@ class CellResult:
             cell_key=d["cell_key"],
             backend=d["backend"],
             rate_rps=d["rate_rps"],
-            runs=tuple(Run(r["label"], r["seed"], RunSummary(**r["summary"])) for r in d["runs"]),
+            runs=tuple(
+                Run(r["label"], r["seed"], RunSummary(**r["summary"]), r.get("kv_event_delay_s"))
+                for r in d["runs"]
+            ),
             tags=d.get("tags", {}),
         )
 

@@ -190,7 +190,14 @@ def router_calibration(variant: Variant, hardware: Calibration) -> Calibration:
 SATURATION_SEEDS = (0, 1, 2)  # the simulator is cheap: saturate on the mean of three traces
 
 
-def sim_setup(profile: HardwareProfile, prefill: int, decode: int, variant: Variant) -> SimSetup:
+def sim_setup(
+    profile: HardwareProfile,
+    prefill: int,
+    decode: int,
+    variant: Variant,
+    prefix_source: str = "approximate",
+    kv_event_delay_s: float = 0.01,
+) -> SimSetup:
     return SimSetup(
         profile=profile,
         shape=ClusterShape(prefill, decode),
@@ -199,6 +206,8 @@ def sim_setup(profile: HardwareProfile, prefill: int, decode: int, variant: Vari
         predictor_noise=variant.predictor_noise,
         policy_params={variant.policy: variant.params},
         online_calibration=variant.router == "online",
+        prefix_source=prefix_source,
+        kv_event_delay_s=kv_event_delay_s,
     )
 
 
@@ -217,12 +226,14 @@ class SimRun:
     seed: int
     variant: Variant
     records_path: Path
+    prefix_source: str = "approximate"
+    kv_event_delay_s: float = 0.01
 
 
 def run_sim(item: SimRun) -> Run:
     source = workload_source(item.workload, item.requests, trace_windows=item.trace_windows)
     v = item.variant
-    setup = sim_setup(item.profile, item.prefill, item.decode, v)
+    setup = sim_setup(item.profile, item.prefill, item.decode, v, item.prefix_source, item.kv_event_delay_s)
     result = simulate_run(
         setup,
         v.policy,
@@ -264,8 +275,20 @@ class SimBackend:
     name = "sim"
 
     def __init__(
-        self, profile: HardwareProfile, slo: SloSpec = PRESETS[PAPER], executor: Executor | None = None
+        self,
+        profile: HardwareProfile,
+        slo: SloSpec = PRESETS[PAPER],
+        executor: Executor | None = None,
+        prefix_source: str = "approximate",
+        kv_event_delay_s: float = 0.01,
     ) -> None:
+        """``prefix_source`` and ``kv_event_delay_s``: where the routers' prefix indexes learn what the
+        engines cache (SimSetup); the experiments' cells run on the router's placements unless a live run
+        they stand beside routed on KV events (experiments/fidelity.py)."""
+        if prefix_source not in PREFIX_SOURCES:
+            raise ConfigError(f"unknown prefix source {prefix_source!r}; known: {', '.join(PREFIX_SOURCES)}")
+        self.prefix_source = prefix_source
+        self.kv_event_delay_s = kv_event_delay_s
         # The runs judge by the spec's targets, resolved on the simulated hardware (the profile's tau_pre).
         self.profile = (
             profile if slo.is_paper else replace(profile, calibration=with_slo(profile.calibration, slo))
@@ -322,6 +345,8 @@ class SimBackend:
                 seed,
                 v,
                 records_dir / f"{v.label}-seed{seed}.jsonl",
+                self.prefix_source,
+                self.kv_event_delay_s,
             )
             for seed in seeds
             for v in cell.variants
