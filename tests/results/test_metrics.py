@@ -110,3 +110,13 @@ def test_summary_counts_rejected_requests_against_goodput() -> None:
 def test_empty_summary() -> None:
     s = summarize([], SLO)
     assert s.requests == 0 and s.goodput == 0.0 and s.ttft_p99_s is None
+
+
+def test_admissible_goodput_counts_the_inadmissible_apart() -> None:
+    from dataclasses import replace as _replace
+
+    from calroute.results.metrics import RunSummary
+
+    s = RunSummary(10, 8, 6, 0.6, None, None, None, None, 1.0, 6.0, {"ok": 8, "rejected": 2})
+    assert s.inadmissible == 2 and s.admissible_goodput == 6 / 8
+    assert _replace(s, status_counts={"ok": 10}).admissible_goodput == 0.6

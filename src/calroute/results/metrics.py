@@ -36,6 +36,18 @@ class RunSummary(PicklesByConstructor):
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @property
+    def inadmissible(self) -> int:
+        """Requests refused before any engine saw them (past the model length, malformed): no router's
+        doing."""
+        return self.status_counts.get(RequestStatus.REJECTED.value, 0)
+
+    @property
+    def admissible_goodput(self) -> float:
+        """Good requests over those an engine could take: goodput with the inadmissible counted apart."""
+        n = self.requests - self.inadmissible
+        return self.good / n if n > 0 else 0.0
+
 
 def is_good(rec: RequestRecord, slo: SloTargets) -> bool:
     ttft, tpot = rec.ttft_s, rec.tpot_s
