@@ -213,9 +213,7 @@ def _write_report(
         "goodput (mean over traces)",
         f"{WORKLOAD}, 2P+4D, {live.rate_rps:.2f} req/s: live vs calibrated simulator",
     )
-    cdfs = latency_cdfs(
-        live, out_dir / "live", slo.tight_ttft_s, slo.tight_tpot_s, slo.tight_ttft_s_per_token
-    )
+    cdfs = latency_cdfs(live, out_dir / "live", slo)
     constants = cal_report.get("constants", {})
     assert isinstance(constants, dict)
     report = out_dir / "report.md"

@@ -86,7 +86,8 @@ class TransferModel(PicklesByConstructor):
 
 @dataclass(frozen=True)
 class SloTargets(PicklesByConstructor):
-    """A request's targets by SLO class: TTFT = a fixed part + an allowance per prompt token; TPOT fixed.
+    """A request's targets by SLO class: TTFT = a fixed part + an allowance per prompt token + one per
+    squared prompt token (a prefill's attention grows with the square of the prompt); TPOT fixed.
 
     The paper's targets (those of every calibration file) have no per-token allowance, and each loose target
     is ``loose_factor`` x the tight one. An SLO file or preset (``costmodel/slo.py``) may add per-token
@@ -101,11 +102,14 @@ class SloTargets(PicklesByConstructor):
     loose_ttft_s: float | None = None
     loose_tpot_s: float | None = None
     loose_ttft_s_per_token: float | None = None
+    tight_ttft_s_per_token2: float = 0.0  # seconds per squared prompt token
+    loose_ttft_s_per_token2: float | None = None
 
     def __post_init__(self) -> None:
         _positive("slo.tight_ttft_s", self.tight_ttft_s)
         _positive("slo.tight_tpot_s", self.tight_tpot_s)
         _positive("slo.tight_ttft_s_per_token", self.tight_ttft_s_per_token, allow_zero=True)
+        _positive("slo.tight_ttft_s_per_token2", self.tight_ttft_s_per_token2, allow_zero=True)
         if not self.loose_factor >= 1:
             raise CalibrationError(f"slo.loose_factor must be >= 1, got {self.loose_factor!r}")
         # A loose target tighter than the tight one would make the classes' names lie, and the proxy's
@@ -114,6 +118,7 @@ class SloTargets(PicklesByConstructor):
             ("ttft_s", self.loose_ttft_s, self.tight_ttft_s),
             ("tpot_s", self.loose_tpot_s, self.tight_tpot_s),
             ("ttft_s_per_token", self.loose_ttft_s_per_token, self.tight_ttft_s_per_token),
+            ("ttft_s_per_token2", self.loose_ttft_s_per_token2, self.tight_ttft_s_per_token2),
         ):
             if loose is not None and not loose >= tight:
                 raise CalibrationError(
@@ -134,11 +139,19 @@ class SloTargets(PicklesByConstructor):
         loose = self.loose_ttft_s_per_token
         return self.tight_ttft_s_per_token * self.loose_factor if loose is None else loose
 
+    def ttft_s_per_token2(self, slo: SloClass) -> float:
+        """The class's TTFT allowance per squared prompt token, seconds."""
+        if slo is SloClass.TIGHT:
+            return self.tight_ttft_s_per_token2
+        loose = self.loose_ttft_s_per_token2
+        return self.tight_ttft_s_per_token2 * self.loose_factor if loose is None else loose
+
     def ttft_target_s(self, slo: SloClass, prompt_tokens: int) -> float:
         """The TTFT target of a request of this class and prompt length."""
+        p = prompt_tokens
         if slo is SloClass.TIGHT:  # one branch for the common class: goodput calls this once per record
-            return self.tight_ttft_s + self.tight_ttft_s_per_token * prompt_tokens
-        return self.ttft_s(slo) + self.ttft_s_per_token(slo) * prompt_tokens
+            return self.tight_ttft_s + (self.tight_ttft_s_per_token + self.tight_ttft_s_per_token2 * p) * p
+        return self.ttft_s(slo) + (self.ttft_s_per_token(slo) + self.ttft_s_per_token2(slo) * p) * p
 
     def tpot_s(self, slo: SloClass) -> float:
         if slo is SloClass.TIGHT:
@@ -149,7 +162,12 @@ class SloTargets(PicklesByConstructor):
     @property
     def per_token(self) -> bool:
         """Whether some TTFT target grows with the prompt (then no single number is the class's target)."""
-        return self.tight_ttft_s_per_token > 0 or bool(self.loose_ttft_s_per_token)
+        return (
+            self.tight_ttft_s_per_token > 0
+            or bool(self.loose_ttft_s_per_token)
+            or self.tight_ttft_s_per_token2 > 0
+            or bool(self.loose_ttft_s_per_token2)
+        )
 
     def to_dict(self) -> dict[str, float]:
         """The fields as a calibration file holds them: the paper's three, then only what is set, so a
@@ -161,10 +179,13 @@ class SloTargets(PicklesByConstructor):
         }
         if self.tight_ttft_s_per_token:
             d["tight_ttft_s_per_token"] = self.tight_ttft_s_per_token
+        if self.tight_ttft_s_per_token2:
+            d["tight_ttft_s_per_token2"] = self.tight_ttft_s_per_token2
         for name, value in (
             ("loose_ttft_s", self.loose_ttft_s),
             ("loose_tpot_s", self.loose_tpot_s),
             ("loose_ttft_s_per_token", self.loose_ttft_s_per_token),
+            ("loose_ttft_s_per_token2", self.loose_ttft_s_per_token2),
         ):
             if value is not None:
                 d[name] = value

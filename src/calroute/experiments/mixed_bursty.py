@@ -6,7 +6,6 @@ from pathlib import Path
 
 from calroute.experiments.kit.cells import Cell, CellResult, baselines_and_product
 from calroute.experiments.kit.report import bars_by_cell, goodput_table, judged_slo, latency_cdfs
-from calroute.types import SloClass
 
 PAPER = {
     ("2P4D", "round_robin"): 0.836,
@@ -26,9 +25,7 @@ class MixedBursty:
     def report(self, results: list[CellResult], exp_dir: Path) -> str:
         slo = judged_slo(exp_dir, results[0].cell_key)
         pngs = [bars_by_cell(results, exp_dir, "goodput", self.title)]
-        pngs += latency_cdfs(
-            results[0], exp_dir, slo.tight_ttft_s, slo.tight_tpot_s, slo.ttft_s_per_token(SloClass.TIGHT)
-        )
+        pngs += latency_cdfs(results[0], exp_dir, slo)
         return (
             f"## {self.title}\n\nSeeds are the three arrival traces. Paper: A40 hardware, vLLM 0.12.\n\n"
             + goodput_table(results, "cluster", PAPER)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from calroute.costmodel.calibration import SloTargets
 from calroute.experiments.kit.cells import CellResult, Run
 from calroute.experiments.kit.report import goodput_table, latency_cdfs, paired_gap
 from calroute.results.metrics import RunSummary
@@ -65,10 +66,10 @@ def test_goodput_table_bolds_the_best_and_shows_paired_gaps() -> None:
 
 def test_latency_cdfs_without_records_keep_the_plots_already_drawn(tmp_path: Path) -> None:
     cell = _cell({"a": [0.8], "b": [0.7]})
-    assert latency_cdfs(cell, tmp_path, 0.1, 0.01) == []  # nothing to draw: no empty plots
+    assert latency_cdfs(cell, tmp_path, SloTargets(0.1, 0.01)) == []  # nothing to draw: no empty plots
     drawn = tmp_path / "2P4D-ttft-cdf.png"
     drawn.write_bytes(b"a plot drawn when the records were there")
-    assert latency_cdfs(cell, tmp_path, 0.1, 0.01) == [drawn.name]
+    assert latency_cdfs(cell, tmp_path, SloTargets(0.1, 0.01)) == [drawn.name]
     assert drawn.read_bytes() == b"a plot drawn when the records were there"
 
 

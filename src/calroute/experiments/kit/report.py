@@ -18,7 +18,7 @@ from calroute.experiments.kit.runner import scale_for
 from calroute.report import plots
 from calroute.results.records import read_records
 from calroute.results.stats import paired_difference
-from calroute.types import RequestStatus
+from calroute.types import RequestStatus, SloClass
 
 
 def fmt(x: float | None, digits: int = 3) -> str:
@@ -119,16 +119,10 @@ def judged_slo(exp_dir: Path, shape: str) -> SloTargets:
     return cal.slo if d is None else SloSpec.from_definition(d).resolve(cal)
 
 
-def latency_cdfs(
-    cell: CellResult,
-    exp_dir: Path,
-    ttft_target_s: float,
-    tpot_target_s: float,
-    ttft_target_s_per_token: float = 0.0,
-) -> list[str]:
+def latency_cdfs(cell: CellResult, exp_dir: Path, slo: SloTargets) -> list[str]:
     """CDFs of TTFT and TPOT per variant, from the cell's per-request records (seed 0), with the tight
     targets dashed. A TTFT target that grows with the prompt is no one line: the line is its fixed part, and
-    the title gives the allowance per prompt token.
+    the title says it grows (describe_slo gives the allowances).
 
     Without records (results copied without them, as under docs/results/) plots already drawn are kept and
     none are drawn empty."""
@@ -152,17 +146,16 @@ def latency_cdfs(
             ttft,
             "TTFT (s)",
             f"TTFT, {cell.cell_key} (tight target dashed)"
-            if not ttft_target_s_per_token
-            else f"TTFT, {cell.cell_key} (dashed: tight target's fixed part;\n"
-            f"+ {ttft_target_s_per_token * 1e3:.3g} ms per prompt token)",
-            ttft_target_s,
+            if not slo.per_token
+            else f"TTFT, {cell.cell_key} (dashed: tight target's fixed part;\nit grows with the prompt)",
+            slo.ttft_s(SloClass.TIGHT),
         ),
         plots.cdfs(
             exp_dir / f"{base}-tpot-cdf.png",
             tpot,
             "TPOT (s)",
             f"TPOT, {cell.cell_key} (tight target dashed)",
-            tpot_target_s,
+            slo.tpot_s(SloClass.TIGHT),
         ),
     ]
 
