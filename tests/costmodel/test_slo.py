@@ -14,6 +14,7 @@ from calroute.costmodel.slo import (
     LONG_CONTEXT_IDLE_FACTOR,
     PAPER,
     PRESETS,
+    ClassSpec,
     SloSpec,
     describe_slo,
     idle_allowance,
@@ -194,7 +195,18 @@ def test_a_spec_survives_its_definition(calibration: Calibration, tmp_path: Path
     parsed = parse_slo(write(tmp_path, "s.yaml", YAML_FILE) if spec == "file" else spec)
     again = SloSpec.from_definition(json.loads(json.dumps(parsed.definition())))
     assert again == parsed and again.resolve(calibration) == parsed.resolve(calibration)
-    assert parsed.key.startswith("file-") if spec == "file" else parsed.key == spec
+    if spec == "file":
+        assert parsed.key.startswith("file-")
+    elif spec == PAPER:
+        assert parsed.key == PAPER
+    else:
+        assert parsed.key.startswith(f"{spec}-") and len(parsed.key) == len(spec) + 11
+
+
+def test_a_preset_whose_definition_changes_keys_apart() -> None:
+    # long-context was 4 x tau_pre per token before 2026-12-05: its saved results must not pass for the new
+    old = SloSpec(LONG_CONTEXT, tight=ClassSpec(ttft_per_token_tau_pre=4.0))
+    assert old.key != PRESETS[LONG_CONTEXT].key and old.key.startswith("long-context-")
 
 
 def test_per_token_targets_round_trip_and_paper_files_are_unchanged(

@@ -139,11 +139,14 @@ class SloSpec:
 
     @property
     def key(self) -> str:
-        """A short name for file and dictionary keys: the preset's, or a digest of a file's content."""
-        if self.name in PRESETS:
-            return self.name
+        """A short name for file and dictionary keys: ``paper``, else a name and a digest of what the spec
+        sets, so that a preset whose definition changes (long-context did on 2026-12-05) keys apart from its
+        saved results."""
+        if self.name == PAPER:
+            return PAPER
         content = {k: v for k, v in self.definition().items() if k != "name"}
-        return "file-" + hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:10]
+        digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:10]
+        return f"{self.name}-{digest}" if self.name in PRESETS else f"file-{digest}"
 
     @classmethod
     def from_definition(cls, d: Mapping[str, Any]) -> SloSpec:
