@@ -235,3 +235,27 @@ _BAD: list[tuple[str, Callable[[], object], str]] = [
 def test_bad_arguments(name: str, call: Callable[[], object], pattern: str) -> None:
     with pytest.raises(ConfigError, match=pattern):
         call()
+
+
+def test_a_familys_pool_of_contexts_is_the_same_for_every_seed() -> None:
+    # a seed varies arrivals and samples, not the workload's definition: the shared contexts' lengths (in
+    # blocks) are the family's; only their ids are salted by the seed
+    def context_lengths(seed: int) -> set[int]:
+        reqs = generate_prefix_family("shared-prefix", 20.0, 2000, seed)
+        # the longest run of blocks shared by every request that opens with the same first block
+        runs: dict[int, tuple[int, ...]] = {}
+        for r in reqs:
+            if not r.prefix_blocks:
+                continue
+            b = r.prefix_blocks
+            prev = runs.get(b[0])
+            if prev is None:
+                runs[b[0]] = b
+            else:
+                n = 0
+                while n < min(len(prev), len(b)) and prev[n] == b[n]:
+                    n += 1
+                runs[b[0]] = prev[:n]
+        return {len(v) for v in runs.values()}
+
+    assert context_lengths(3) == context_lengths(7) == context_lengths(0)

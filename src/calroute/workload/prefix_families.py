@@ -7,13 +7,13 @@ past a prompt's last full block are its own. Finer reuse (vLLM caches 16-token b
 block a prompt shares only in part counts as not shared.
 
 All three families are one model, a *session*: a prompt that opens with a shared context (picked with Zipf
-popularity from a pool of contexts drawn once per run: the k-th of K is picked with probability proportional
-to k**-zipf_exponent) or with none, then the session's own first message; then, turn after turn, the whole
-previous prompt again, the previous answer and a new message. A later turn's ``prefix_blocks`` therefore
-start with all of the previous turn's: its full blocks are cached on the engine that prefilled it. The
-previous answer's tokens are new blocks: in disaggregated serving the prefill engine never sees the output,
-so only the previous *prompt* can be reused there. A session ends after a geometric number of turns, or
-earlier at the first turn whose prompt plus output would pass ``max_context_tokens``.
+popularity from a pool of contexts, the family's own and the same for every seed: the k-th of K is picked with
+probability proportional to k**-zipf_exponent) or with none, then the session's own first message; then, turn
+after turn, the whole previous prompt again, the previous answer and a new message. A later turn's
+``prefix_blocks`` therefore start with all of the previous turn's: its full blocks are cached on the engine
+that prefilled it. The previous answer's tokens are new blocks: in disaggregated serving the prefill engine
+never sees the output, so only the previous *prompt* can be reused there. A session ends after a geometric
+number of turns, or earlier at the first turn whose prompt plus output would pass ``max_context_tokens``.
 
 * shared-prefix (SharedPrefixParams): chatbot or API traffic behind a few long system prompts; one turn.
 * multi-turn (MultiTurnParams): conversations, a user thinking between turns; no shared context.
@@ -23,18 +23,18 @@ earlier at the first turn whose prompt plus output would pass ``max_context_toke
 Turn k+1 arrives ``output_tokens * answer_s_per_token + gap`` after turn k (the answer streaming at a
 nominal speed, then an exponential think or tool time): open loop, the generator cannot know when the
 answer really ends. Sessions arrive as a Poisson process at ``rate_rps / E[requests per session]``, so the
-long-run request rate is ``rate_rps``; E[...] is estimated (fixed seed, the run's pool of contexts) for the
+long-run request rate is ``rate_rps``; E[...] is estimated (fixed seed, the family's pool of contexts) for the
 families with more than one turn. The rate ramps up over the first session lifetimes (tens of seconds)
 from the session rate to ``rate_rps``, as sessions accumulate.
 
-Determinism: every quantity (session arrivals, context lengths, context picks, first messages, appended
-messages, outputs, turn counts, gaps, SLO classes) draws from its own stream ``[seed, STREAM]``, in fixed
-chunks, session after session. The requests for ``n`` are the first ``n`` (by arrival) of one unbounded
+Determinism: every quantity but the pool's context lengths (session arrivals, context picks, first messages,
+appended messages, outputs, turn counts, gaps, SLO classes) draws from its own stream ``[seed, STREAM]``, in
+fixed chunks, session after session. The requests for ``n`` are the first ``n`` (by arrival) of one unbounded
 sequence, so a larger ``n`` only adds later requests. Block ids are ``base + counter``: the counter numbers
 the run's blocks in the order they are made, the base puts the family (bits 58-61) and a 26-bit salt of the
 seed (bits 32-57) above it, so ids are deterministic for (family, seed, rate, n), distinct between the
-families (and, but for a 2**-26 chance, between seeds), disjoint from a Mooncake trace's small ids and
-below 2**62.
+families (and, but for a 2**-26 chance, between seeds), disjoint from a Mooncake trace's small ids and below
+2**62.
 """
 
 from __future__ import annotations
@@ -68,7 +68,9 @@ _TURNS_STREAM = 27
 _GAP_STREAM = 28
 _SLO_STREAM = 29
 
-# Fixed, so the requests-per-session estimate is a constant of the family and the run's context pool.
+# The seed of a family's structure (its pool of shared contexts): the same for every run's seed.
+_STRUCTURE_SEED = 0
+# Fixed, so the requests-per-session estimate is a constant of the family and its context pool.
 _ESTIMATE_SEED = 20_261_202
 _ESTIMATE_SESSIONS = 4_000
 _CHUNK = 1024  # values drawn at a time from a stream; fixed, so a stream's sequence never depends on n
@@ -188,7 +190,11 @@ def _rows(
     context_tokens = np.zeros(0, dtype=np.int64)
     cdf = np.ones(0, dtype=np.float64)
     if shape.context is not None:
-        drawn = shape.context.sample(np.random.default_rng([seed, _CONTEXT_LENGTH_STREAM]), shape.n_contexts)
+        # The pool is the family's definition, the same for every seed (a seed varies arrivals and samples):
+        # drawn per seed, it made seeds different workloads (shared-prefix's expected context per request
+        # ranged from 5.0k to 9.8k tokens over seeds 0-19). Seed 0's pool, as before.
+        rng = np.random.default_rng([_STRUCTURE_SEED, _CONTEXT_LENGTH_STREAM])
+        drawn = shape.context.sample(rng, shape.n_contexts)
         for tokens in drawn.tolist():
             n_blocks = whole_blocks(tokens)
             contexts.append(tuple(range(base + counter, base + counter + n_blocks)))
