@@ -39,6 +39,10 @@ class Cell:
     # A trace replayed in this many consecutive windows, seed s on window s (workload/source.py).
     trace_windows: int = 1
     tags: dict[str, Any] = field(default_factory=dict)  # what the report groups by (e.g. {"decode": 3})
+    # The goodput the saturation search crosses (0.90: where the policies still hold), and whether it
+    # averages the cell's own seeds (True) or the simulator's saturation seeds 0-2.
+    saturation_target: float = 0.85
+    saturate_on_run_seeds: bool = False
 
     @property
     def saturation_shape(self) -> tuple[int, int]:
@@ -59,6 +63,8 @@ class SaturationQuery:
     # The policy's parameters (sorted name, value pairs): those of the cell's variant named after the policy,
     # e.g. from `experiment --params FILE`; () for its defaults.
     params: tuple[tuple[str, Any], ...] = ()
+    target: float = 0.85  # the goodput crossed
+    seeds: tuple[int, ...] | None = None  # the seeds averaged (None: the backend's saturation seeds)
 
     @property
     def key(self) -> str:
@@ -70,7 +76,11 @@ class SaturationQuery:
         if self.params:
             digest = hashlib.sha256(json.dumps(self.params).encode()).hexdigest()[:12]
             params = f":params={digest}"
-        return f"{self.prefill}P{self.decode}D:{self.workload}{windows}{policy}{params}"
+        target = "" if self.target == 0.85 else f":target={self.target:g}"
+        seeds = ""
+        if self.seeds is not None:
+            seeds = f":seeds={','.join(map(str, self.seeds))}"
+        return f"{self.prefill}P{self.decode}D:{self.workload}{windows}{policy}{params}{target}{seeds}"
 
 
 @dataclass(frozen=True)

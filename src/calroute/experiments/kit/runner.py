@@ -85,7 +85,17 @@ def _saturation_queries(cell: Cell, scale: Scale, slo_key: str) -> dict[str, tup
     out = {}
     for policy in dict.fromkeys((*cell.saturate_on, *cell.measure_saturation_of)):
         own = tuple(sorted(params.get(policy, {}).items()))
-        query = SaturationQuery(p, d, cell.workload, scale.requests, policy, cell.trace_windows, own)
+        query = SaturationQuery(
+            p,
+            d,
+            cell.workload,
+            scale.requests,
+            policy,
+            cell.trace_windows,
+            own,
+            cell.saturation_target,
+            tuple(scale.seeds) if cell.saturate_on_run_seeds else None,
+        )
         out[policy] = (query.key + slo_key, query)
     return out
 

@@ -258,14 +258,21 @@ def saturate_sim(item: SimSaturation, executor: Executor | None = None) -> Satur
     return saturate(
         sim_setup(item.profile, q.prefill, q.decode, Variant(q.policy, q.policy, dict(q.params))),
         workload_source(q.workload, q.requests, trace_windows=q.trace_windows),
+        target=q.target,
         reference_policy=q.policy,
-        seeds=SATURATION_SEEDS,
+        seeds=SATURATION_SEEDS if q.seeds is None else q.seeds,
         executor=executor,
     )
 
 
 def saturation_rate_sim(item: SimSaturation) -> float:
     return saturate_sim(item).rate_rps
+
+
+def judged_profile(profile: HardwareProfile, slo: SloSpec) -> HardwareProfile:
+    """``profile`` judging its runs by ``slo``'s targets, resolved on the simulated hardware (the profile's
+    tau_pre): what the simulator backend's runs are judged by."""
+    return profile if slo.is_paper else replace(profile, calibration=with_slo(profile.calibration, slo))
 
 
 class SimBackend:
@@ -289,10 +296,7 @@ class SimBackend:
             raise ConfigError(f"unknown prefix source {prefix_source!r}; known: {', '.join(PREFIX_SOURCES)}")
         self.prefix_source = prefix_source
         self.kv_event_delay_s = kv_event_delay_s
-        # The runs judge by the spec's targets, resolved on the simulated hardware (the profile's tau_pre).
-        self.profile = (
-            profile if slo.is_paper else replace(profile, calibration=with_slo(profile.calibration, slo))
-        )
+        self.profile = judged_profile(profile, slo)
         self.executor = executor or LocalExecutor(1)
 
     def saturation_rate(self, query: SaturationQuery) -> float:
