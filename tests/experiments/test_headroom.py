@@ -1,5 +1,6 @@
 """The headroom experiment and the live check of tuned weights: which variants a params file adds, the
-summary's paired figures, the warning when a run seed was trained on, and `--first-seed`."""
+summary's paired figures and distances to the ceiling, the warning when a run seed was trained on, and
+`--first-seed`."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typer.testing import CliRunner
 
 from calroute.cli.app import app
 from calroute.experiments import headroom, tuned
+from calroute.experiments.kit.ceiling import Ceiling
 from calroute.experiments.kit.cells import CellResult, Run
 from calroute.results.metrics import RunSummary
 
@@ -39,13 +41,13 @@ def _labels(exp: headroom.Headroom | tuned.TunedCheck, family: str) -> dict[str,
     ("files", "family", "expected"),
     [
         # no file: no tuned variant, nothing invented
-        ([], "chat", {"round_robin", "least_loaded", "length_heuristic", "marginal_cost", "oracle"}),
-        # marginal_cost's file also prices the oracle with its weights
+        ([], "chat", {"round_robin", "least_loaded", "length_heuristic", "marginal_cost", "clairvoyant"}),
+        # marginal_cost's file also prices the clairvoyant with its weights
         (
             [("chat.json", "marginal_cost")],
             "chat",
-            {"round_robin", "least_loaded", "length_heuristic", "marginal_cost", "oracle"}
-            | {"marginal_cost-tuned", "oracle-mc-tuned"},
+            {"round_robin", "least_loaded", "length_heuristic", "marginal_cost", "clairvoyant"}
+            | {"marginal_cost-tuned", "clairvoyant-mc-tuned"},
         ),
         # one study on every family adds its weights to every family's cell
         (
@@ -56,16 +58,24 @@ def _labels(exp: headroom.Headroom | tuned.TunedCheck, family: str) -> dict[str,
                 "least_loaded",
                 "length_heuristic",
                 "marginal_cost",
-                "oracle",
+                "clairvoyant",
                 "marginal_cost-all",
             },
         ),
-        # the prefix families' baselines are the prefix-aware peers; the oracle's own study adds its variant
+        # the prefix families' baselines are the prefix-aware peers; the clairvoyant's own study adds its
+        # variant
         (
-            [("agentic.json", "marginal_cost"), ("oracle-agentic.json", "oracle")],
+            [("agentic.json", "marginal_cost"), ("clairvoyant-agentic.json", "clairvoyant")],
             "agentic",
-            {"least_loaded", "prefix_scorer_mix", "kv_overlap_cost", "cache_aware", "marginal_cost", "oracle"}
-            | {"marginal_cost-tuned", "oracle-mc-tuned", "oracle-tuned"},
+            {
+                "least_loaded",
+                "prefix_scorer_mix",
+                "kv_overlap_cost",
+                "cache_aware",
+                "marginal_cost",
+                "clairvoyant",
+            }
+            | {"marginal_cost-tuned", "clairvoyant-mc-tuned", "clairvoyant-tuned"},
         ),
     ],
 )
@@ -76,14 +86,22 @@ def test_headroom_variants_follow_the_params_files(
         _params(tuning_dir / name, policy, [0, 1, 2, 3], w_evict=2.5)
     labels = _labels(headroom.Headroom(), family)
     assert set(labels) == expected
-    for label in expected - {"round_robin", "least_loaded", "length_heuristic", "marginal_cost", "oracle"}:
+    for label in expected - {
+        "round_robin",
+        "least_loaded",
+        "length_heuristic",
+        "marginal_cost",
+        "clairvoyant",
+    }:
         if "tuned" in label or label.endswith("-all"):
             assert labels[label] == {"w_evict": 2.5}
 
 
 def test_a_family_runs_where_its_study_trained(tuning_dir: Path) -> None:
     _params(tuning_dir / "agentic.json", "marginal_cost", [0], rate_rps=1.25)
-    _params(tuning_dir / "oracle-agentic.json", "oracle", [0], rate_rps=9.0)  # the oracle's own: not it
+    _params(
+        tuning_dir / "clairvoyant-agentic.json", "clairvoyant", [0], rate_rps=9.0
+    )  # the clairvoyant's own: not it
     cells = {c.key: c for c in headroom.Headroom().cells(quick=False)}
     assert cells["agentic"].rate_rps == 1.25
     assert cells["chat"].rate_rps is None  # no study: a fresh saturation search
@@ -106,7 +124,7 @@ def _cell(family: str, goodputs: dict[str, list[float]], first_seed: int) -> Cel
     return CellResult(family, "sim", 5.0, runs)
 
 
-def test_headroom_summary_pairs_the_best_baseline_tuning_and_the_bound(
+def test_headroom_summary_pairs_the_best_baseline_tuning_and_the_clairvoyant(
     tuning_dir: Path, tmp_path: Path
 ) -> None:
     _params(tuning_dir / "shared-prefix.json", "marginal_cost", [0, 1, 2, 3], w_evict=2.5)
@@ -116,9 +134,9 @@ def test_headroom_summary_pairs_the_best_baseline_tuning_and_the_bound(
             "least_loaded": [0.60, 0.62, 0.58],
             "prefix_scorer_mix": [0.88, 0.90, 0.86],  # the best baseline
             "marginal_cost": [0.85, 0.86, 0.84],  # behind it on every seed
-            "oracle": [0.80, 0.85, 0.83],
+            "clairvoyant": [0.80, 0.85, 0.83],
             "marginal_cost-tuned": [0.89, 0.90, 0.88],
-            "oracle-mc-tuned": [0.90, 0.91, 0.89],  # the bound
+            "clairvoyant-mc-tuned": [0.90, 0.91, 0.89],  # the best clairvoyant
         },
         first_seed=4,
     )
@@ -129,9 +147,30 @@ def test_headroom_summary_pairs_the_best_baseline_tuning_and_the_bound(
     assert "+4.0 [+4.0, +4.0] n=3 win" in row  # tuned minus hand-set
     assert "+1.0 [+1.0, +1.0] n=3 win (vs marginal_cost-tuned)" in row
     assert "| no params file |" in row  # no all.json
-    assert "oracle-mc-tuned 0.900" in row and "(vs marginal_cost-tuned)" in row
+    assert "clairvoyant-mc-tuned 0.900" in row and "(vs marginal_cost-tuned)" in row
+    assert "clairvoyant marginal_cost (perfect inputs, not a bound)" in text
+    assert "bound (best" not in text
+    # no manifest beside the results (the traces unknown): no ceiling, and the report says why
+    assert row.endswith("| - | - |")
+    assert "No ceiling: no manifest.json" in text
     assert "Not a validation" not in text
-    assert "No params file in docs/results/tuning for: marginal_cost-all, oracle-tuned." in text
+    assert "No params file in docs/results/tuning for: marginal_cost-all, clairvoyant-tuned." in text
+
+
+def test_the_distance_to_the_ceiling_is_the_mean_and_median_of_the_per_seed_gaps() -> None:
+    cell = _cell(
+        "chat",
+        {"least_loaded": [0.80, 0.70, 0.90], "marginal_cost": [0.85, 0.86, 0.84]},
+        first_seed=4,
+    )
+    ceiling = {s: Ceiling(400, g, g, 0) for s, g in zip((4, 5, 6), (0.95, 0.96, 0.99), strict=True)}
+    text = headroom._summary([cell], {"chat": ceiling}, "")
+    row = next(line for line in text.splitlines() if line.startswith("| chat |"))
+    # ceiling mean 0.967; marginal_cost (the best by mean) is 10, 10 and 15 points below it
+    assert row.endswith("| 0.967 | marginal_cost 11.7 (median 10.0) |")
+    section = headroom._to_ceiling(cell, ceiling)
+    assert "- least_loaded: 16.7 (median 15.0)" in section  # 15, 26 and 9 points
+    assert "0 requests past the engines' length limit" in section
 
 
 def test_a_run_on_training_seeds_is_flagged(tuning_dir: Path, tmp_path: Path) -> None:
@@ -173,3 +212,24 @@ def test_first_seed_sets_the_seeds_an_experiment_runs(tuning_dir: Path, tmp_path
     }
     report = (out / "sim" / "tuned" / "report.md").read_text()
     assert "Not a validation" not in report
+
+
+def test_a_headroom_run_reports_the_ceiling_above_every_variant(tuning_dir: Path, tmp_path: Path) -> None:
+    # the rates of the studies: no saturation search
+    _params(tuning_dir / "mixed-bursty.json", "marginal_cost", [0], rate_rps=40.0)
+    _params(tuning_dir / "shared-prefix.json", "marginal_cost", [0], rate_rps=8.0)
+    out = tmp_path / "out"
+    args = ["experiment", "headroom", "--quick", "--requests", "80", "--seeds", "2", "--first-seed", "4"]
+    result = CliRunner().invoke(app, [*args, "--workers", "1", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    exp_dir = out / "sim" / "headroom"
+    saved = [CellResult.from_dict(c) for c in json.loads((exp_dir / "results.json").read_text())]
+    ceilings = json.loads((exp_dir / "ceiling.json").read_text())
+    assert len(ceilings) == 4  # two cells, two seeds
+    by = {(e["of"]["workload"], e["of"]["seed"]): e["ceiling"] for e in ceilings}
+    for c in saved:
+        assert {e["of"]["rate_rps"] for e in ceilings if e["of"]["workload"] == c.cell_key} == {c.rate_rps}
+        for r in c.runs:
+            assert r.summary.goodput <= by[(c.cell_key, r.seed)]["goodput"], (c.cell_key, r.label, r.seed)
+    report = (exp_dir / "report.md").read_text()
+    assert "Idle perfect-cache ceiling" in report and "No ceiling" not in report

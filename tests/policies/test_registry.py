@@ -31,8 +31,8 @@ def test_the_prefix_peers_are_registered() -> None:
 
 
 def test_all_is_every_registered_live_policy_in_registry_order() -> None:
-    assert expand_policy_list("all") == [p for p in POLICIES if p != "oracle"]
-    assert expand_policy_list("all,oracle")[-1] == "oracle"  # named, the simulator runs it
+    assert expand_policy_list("all") == [p for p in POLICIES if p != "clairvoyant"]
+    assert expand_policy_list("all,clairvoyant")[-1] == "clairvoyant"  # named, the simulator runs it
 
 
 def test_all_leaves_out_the_simulator_only_policies(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -49,7 +49,7 @@ def test_all_leaves_out_the_simulator_only_policies(monkeypatch: pytest.MonkeyPa
         ("round_robin,round_robin,,", ["round_robin"]),
         (
             "kv_overlap_cost,all",
-            ["kv_overlap_cost", *[p for p in POLICIES if p not in {"kv_overlap_cost", "oracle"}]],
+            ["kv_overlap_cost", *[p for p in POLICIES if p not in {"kv_overlap_cost", "clairvoyant"}]],
         ),
     ],
 )

@@ -26,7 +26,7 @@ MARGINAL_COST_TUNABLE = [
 
 def test_every_policy_has_a_params_class() -> None:
     assert set(PARAMS) == set(POLICIES)
-    assert params_class("oracle") is params_class("marginal_cost")
+    assert params_class("clairvoyant") is params_class("marginal_cost")
     with pytest.raises(ConfigError, match="unknown policy 'bogus'"):
         params_class("bogus")
 

@@ -32,7 +32,7 @@ from calroute.experiments.kit.cells import Run
 from calroute.experiments.kit.comparison import comparison_summary, write_comparison
 from calroute.experiments.kit.saturation import Probe
 from calroute.experiments.kit.sim_backend import SimSetup, compare, saturate
-from calroute.policies import ALL_POLICIES, expand_policy_list, policy_names
+from calroute.policies import ALL_POLICIES, expand_policy_list, policy_names, unknown_policy
 from calroute.sim.simulator import ClusterShape
 from calroute.workload.source import WORKLOADS, FamilyWorkload, TraceWorkload, WorkloadSource
 
@@ -193,9 +193,8 @@ def simulate(
         except ConfigError as e:
             raise ConfigError(f"--policies: {e}") from e
         if saturate_on not in policy_names():
-            raise ConfigError(
-                f"--saturate-on: unknown policy {saturate_on!r}; known: {', '.join(policy_names())}"
-            )
+            unknown = unknown_policy(saturate_on, ", ".join(policy_names()))
+            raise ConfigError(f"--saturate-on: {unknown}")
         if trace is not None and not trace.is_file():
             raise ConfigError(f"--trace {trace}: no such file")
         slo_spec = slo_option(slo)

@@ -13,11 +13,11 @@ from calroute.costmodel.calibration import Calibration
 from calroute.errors import ConfigError
 from calroute.policies import (
     cache_aware,
+    clairvoyant,
     kv_overlap_cost,
     least_loaded,
     length_heuristic,
     marginal_cost,
-    oracle,
     power_of_two,
     prefix_scorer_mix,
     queue_kv,
@@ -60,8 +60,8 @@ POLICIES: dict[str, Registered] = {
         Registered(prefix_scorer_mix.PrefixScorerMix, prefix_scorer_mix.Params),
         Registered(kv_overlap_cost.KvOverlapCost, kv_overlap_cost.Params),
         Registered(cache_aware.CacheAware, cache_aware.Params),
-        # the headroom bound: marginal_cost on the truth (simulator only)
-        Registered(oracle.Oracle, marginal_cost.Params, priced=True),
+        # marginal_cost fed the truth (simulator only): perfect inputs to its prices, not a bound
+        Registered(clairvoyant.Clairvoyant, marginal_cost.Params, priced=True),
     )
 }
 
@@ -75,16 +75,35 @@ SIM_ONLY_POLICIES: frozenset[str] = frozenset(
 )
 
 
+# Names a policy had before, with the new name and why: asking for one is an error naming the new name, not
+# an unknown policy.
+RENAMED: dict[str, tuple[str, str]] = {
+    "oracle": ("clairvoyant", "marginal_cost fed the truth, which is no bound: policies/clairvoyant.py"),
+}
+
+
+def unknown_policy(name: str, known: str) -> ConfigError:
+    """The error for a name that is no registered policy: a renamed one's names its new name."""
+    if name in RENAMED:
+        new, why = RENAMED[name]
+        return ConfigError(f"policy {name!r} was renamed {new!r} ({why}); ask for {new!r}")
+    return ConfigError(f"unknown policy {name!r}; known: {known}")
+
+
 def registered(name: str) -> Registered:
-    """The registered policy ``name``; an unknown name is a ConfigError naming the known ones."""
+    """The registered policy ``name``; an unknown name is a ConfigError naming the known ones (a renamed
+    one, its new name)."""
     r = POLICIES.get(name)
     if r is None:
-        raise ConfigError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
+        raise unknown_policy(name, ", ".join(POLICIES))
     return r
 
 
 def check_live_policy(name: str) -> None:
-    """A ConfigError for a policy a live router cannot run (the proxy, `calroute serve`, `calroute run`)."""
+    """A ConfigError for a policy a live router cannot run (the proxy, `calroute serve`, `calroute run`),
+    and for a renamed one (its new name)."""
+    if name in RENAMED:
+        raise unknown_policy(name, ", ".join(POLICIES))
     if name in SIM_ONLY_POLICIES:
         raise ConfigError(
             f"policy {name!r} runs on the simulator only: it routes on the true output lengths and the "
@@ -105,7 +124,7 @@ def expand_policy_list(spec: str) -> list[str]:
         names = [p for p in POLICIES if p not in SIM_ONLY_POLICIES] if name == ALL_POLICIES else [name]
         for n in names:
             if n not in POLICIES:
-                raise ConfigError(f"unknown policy {n!r}; known: {ALL_POLICIES}, {', '.join(POLICIES)}")
+                raise unknown_policy(n, f"{ALL_POLICIES}, {', '.join(POLICIES)}")
             if n not in out:
                 out.append(n)
     if not out:
@@ -134,6 +153,7 @@ __all__ = [
     "ALL_POLICIES",
     "PARAMS",
     "POLICIES",
+    "RENAMED",
     "SIM_ONLY_POLICIES",
     "Registered",
     "check_live_policy",
@@ -143,4 +163,5 @@ __all__ = [
     "params_class",
     "policy_names",
     "registered",
+    "unknown_policy",
 ]

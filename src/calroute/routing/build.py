@@ -43,7 +43,7 @@ def build_router(
         params["seed"] = seeds.policy
     pol = make_policy(policy, params, calibration)
     if getattr(pol, "needs_true_state", False):
-        predictor, predictor_noise = "oracle", 0.0  # the oracle knows the true lengths too
+        predictor, predictor_noise = "oracle", 0.0  # the clairvoyant knows the true lengths too
     pred = make_predictor(predictor, noise=predictor_noise, seed=seeds.predictor)
     online = None
     if online_calibration:

@@ -23,7 +23,8 @@ from calroute.types import (
     SlottedValue,
 )
 
-# The simulator's truth for a policy that may see it (policies/oracle.py): (now, seq, blocks, prompt) -> view.
+# The simulator's truth for a policy that may see it (policies/clairvoyant.py):
+# (now, seq, blocks, prompt) -> view.
 TrueView = Callable[[float, int, Sequence[int], int], ClusterView]
 PolicyFactory = Callable[[Calibration], RoutingPolicy]
 
@@ -129,7 +130,7 @@ class Router:
 
         ``prefix_blocks``: the prompt's block ids, in the prefix index's block size (see PrefixIndex); a
         ``PromptBlocks`` is hashed only as far as the match needs. ``true_view``: the simulator's, for a
-        policy that routes on the truth (the oracle), in place of the ledger's view."""
+        policy that routes on the truth (the clairvoyant), in place of the ledger's view."""
         predicted = self.predictor.predict(prompt_tokens, oracle_output_tokens)
         adm = Admission(request_id, prompt_tokens, predicted, slo_class)
         index = self.prefix

@@ -6,8 +6,9 @@ e.g. an ablation's switch) override them. The cells' definitions then carry the 
 without the file (or with another one) are not reused for them.
 
 The files `calroute tune` wrote for each workload family as variants of their own (``tuned_variant``), kept
-in docs/results/tuning (``W.json`` for marginal_cost trained on family W, ``oracle-W.json`` for the oracle).
-A family without a file has no tuned variant; the report says so rather than inventing one."""
+in docs/results/tuning (``W.json`` for marginal_cost trained on family W, ``clairvoyant-W.json`` for the
+clairvoyant marginal_cost). A family without a file has no tuned variant; the report says so rather than
+inventing one."""
 
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ class Tuned:
 
 def tuned_variant(label: str, policy: str, path: Path) -> Tuned | None:
     """``policy`` with the parameters of the params file at ``path`` (which may be for another policy sharing
-    its Params, as the oracle shares marginal_cost's); None when there is no such file."""
+    its Params, as the clairvoyant shares marginal_cost's); None when there is no such file."""
     if not path.exists():
         return None
     pf = load_params_file(path)
