@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from calroute.cli.app import app
 from calroute.experiments import headroom, tuned
+from calroute.experiments.kit.ceiling import MODEL as CEILING_MODEL
 from calroute.experiments.kit.ceiling import Ceiling
 from calroute.experiments.kit.cells import CellResult, Run
 from calroute.results.metrics import RunSummary
@@ -233,3 +234,15 @@ def test_a_headroom_run_reports_the_ceiling_above_every_variant(tuning_dir: Path
             assert r.summary.goodput <= by[(c.cell_key, r.seed)]["goodput"], (c.cell_key, r.label, r.seed)
     report = (exp_dir / "report.md").read_text()
     assert "Idle perfect-cache ceiling" in report and "No ceiling" not in report
+    # a ceiling kept from another construction of it is computed again, one of this one is reused
+    stale = [
+        {**e, "of": {**e["of"], "model": "another"}, "ceiling": {**e["ceiling"], "goodput": 0.123}}
+        for e in ceilings
+    ]
+    kept = [{**e, "ceiling": {**e["ceiling"], "goodput": 0.456}} for e in ceilings]
+    for planted, seen in ((stale, False), (kept, True)):
+        (exp_dir / "ceiling.json").write_text(json.dumps(planted))
+        text = headroom.Headroom().report(saved, exp_dir)
+        assert ("Idle perfect-cache ceiling 0.456" in text) is seen
+        assert "0.123" not in text
+    assert all(e["of"]["model"] == CEILING_MODEL for e in ceilings)

@@ -32,6 +32,7 @@ from typing import Any
 
 from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile
 from calroute.costmodel.slo import SloSpec
+from calroute.experiments.kit.ceiling import MODEL as CEILING_MODEL
 from calroute.experiments.kit.ceiling import Ceiling, run_ceiling
 from calroute.experiments.kit.cells import Cell, CellResult
 from calroute.experiments.kit.params_files import TUNING_DIR, Tuned, trained_on, tuned_variant
@@ -149,6 +150,7 @@ def ceilings_of(results: list[CellResult], exp_dir: Path) -> tuple[dict[str, dic
         per_seed = {}
         for seed in c.seeds():
             of = {
+                "model": CEILING_MODEL,
                 "profile": DEFAULT_PROFILE,
                 "engine_limits": limits,
                 "slo": slo,

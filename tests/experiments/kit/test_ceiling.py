@@ -1,6 +1,6 @@
 """The idle perfect-cache ceiling: above every policy's goodput on the same requests, request by request;
 requests past the engines' length limit counted apart; the prefill engine holding what earlier requests
-named, and nothing that only later ones name."""
+named, and nothing that only later ones name; the decode engine holding what two requests name."""
 
 from __future__ import annotations
 
@@ -102,6 +102,19 @@ def test_a_request_hits_what_earlier_requests_named_and_nothing_only_later_ones_
     ordered = [records[r.request_id] for r in reqs]
     for before, after in zip(ordered, ordered[1:], strict=False):
         assert before.last_token_s is not None and before.last_token_s < after.arrival_s
+
+
+def test_its_decode_engine_holds_what_another_request_names_even_a_later_one() -> None:
+    # On a cluster a later request sharing c's blocks can be pulled to c's decode engine first and spare c
+    # their pull; a block no other request names can only be pulled (transfer_s of the prompt past the hit).
+    c = RequestSpec("c", 0.0, 1200, 20, SloClass.LOOSE, (7, 8))
+    alone = _ceiling_records(PROFILE, [c])["c"]
+    shared = _ceiling_records(PROFILE, [c, RequestSpec("d", 0.0, 1300, 20, SloClass.LOOSE, (7, 8))])["c"]
+    assert alone.cached_tokens == shared.cached_tokens == 0  # no prefill hit: d came later
+    assert alone.ttft_s is not None and shared.ttft_s is not None
+    spared = PROFILE.calibration.transfer_s(1200) - PROFILE.calibration.transfer_s(1200 - 1024)
+    assert alone.ttft_s - shared.ttft_s == pytest.approx(spared, rel=1e-9, abs=1e-12)
+    assert spared > 0
 
 
 def test_a_run_ceiling_is_that_of_the_runs_requests() -> None:

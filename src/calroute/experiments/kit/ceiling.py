@@ -7,7 +7,7 @@ It is made with the simulator itself, not a formula: one run of a 1P+1D cluster 
 unbounded, routed by round_robin (there is no choice to make), on the requests re-timed so that each
 arrives after the one before it has certainly finished. The engines' caches (kvcache/pool.py) then hold
 every block named by an earlier request, for nothing is ever evicted. The decode engine's is filled
-beforehand with every block any request names (below).
+beforehand with every block that two or more requests name (below).
 
 Why no routing policy, on any cluster of these engines (the profile's curves and limits), beats it in the
 simulator's model (sim/prefill.py, sim/decode.py), request by request: whatever is good on a cluster is good
@@ -27,9 +27,10 @@ here.
   iterations it shares also carry other prompts' tokens, and it waits for the queue and for KV. Alone with
   the most hits, it pays the least.
 - The pull to the decode engine costs latency + bytes / bandwidth for the prompt past the decode engine's own
-  hit. On a cluster that hit may hold blocks a *later* request named (one that overtook it through a faster
-  prefill engine and was pulled to the same decode engine first), so here the decode engine holds every
-  block any admissible request names: the largest hit a request could have there.
+  hit. On a cluster that hit may hold blocks a *later* request named (one that overtook it, on a faster
+  prefill engine or while its own long prompt was still being chunked, and was pulled to the same decode
+  engine first), but only blocks another request named: a decode engine caches what it pulled. So here the
+  decode engine holds every block two or more admissible requests name: the most a request could hit there.
 - Decode steps take base + per_seq x batch + per_ctx_token x (context in the batch): alone, the batch is one
   and the context its own, the least any step can cost; on a cluster it also waits for a step boundary,
   for KV, and may be preempted and recomputed. With unbounded KV nothing waits or is preempted here.
@@ -42,6 +43,7 @@ the best cache, together, which no cluster under load gives them all.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -61,6 +63,9 @@ from calroute.workload.source import workload_source
 UNBOUNDED_KV_TOKENS = 10**12
 SHAPE = ClusterShape(1, 1)
 LABEL = "ceiling"
+# What a kept ceiling was computed by: changed with the ceiling's construction, so none computed otherwise is
+# reused (the decode engine held every block named, before it held only those two requests name).
+MODEL = "idle-perfect-cache/2"
 
 
 @dataclass(frozen=True)
@@ -130,12 +135,17 @@ def perfect_cache_ceiling(
         seeds=RouterSeeds.of_run(0),
     )
     sim = ClusterSim(hw, SHAPE, router, LABEL)
-    # The decode engine holds every block an admissible request names: the most any request could hit there.
+    # The decode engine holds every block two or more admissible requests name: the most any request could hit
+    # there. A block id stands for its prefix, so the blocks of a prompt that another one names too lead it.
+    admitted = [r for r in timed if r.prefix_blocks and _admissible(r, limit)]
+    named = Counter(b for r in admitted for b in set(r.prefix_blocks))
     for dec in sim.decode.values():
         pool = dec.pool
-        for r in timed:
-            if r.prefix_blocks and _admissible(r, limit):
-                n = len(r.prefix_blocks)
+        for r in admitted:
+            n = 0
+            while n < len(r.prefix_blocks) and named[r.prefix_blocks[n]] > 1:
+                n += 1
+            if n:
                 rb = RequestBlocks()
                 pool.admit(rb, r.prefix_blocks, 0, n * pool.block_tokens, n * pool.block_tokens)
                 pool.cache(rb, r.prefix_blocks, n)
