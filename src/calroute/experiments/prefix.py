@@ -208,7 +208,7 @@ def _table(c: CellResult, exp_dir: Path) -> str:
 def add_ceilings(results: list[CellResult], exp_dir: Path) -> None:
     """Tag each cell with the idle perfect-cache ceiling of its traces (mean over its seeds), judged as its
     runs were, on the experiment's engine limits; kept in ``ceilings.json`` by cell, rate and seeds."""
-    from calroute.experiments.kit.ceiling import perfect_cache_ceiling
+    from calroute.experiments.kit.ceiling import MODEL, perfect_cache_ceiling
 
     manifest_path = exp_dir / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
@@ -220,7 +220,8 @@ def add_ceilings(results: list[CellResult], exp_dir: Path) -> None:
     for c in results:
         if not c.runs or "source" not in c.tags:
             continue
-        key = f"{c.cell_key}@{c.rate_rps!r}:{','.join(map(str, c.seeds()))}:{c.runs[0].summary.requests}"
+        seeds = ",".join(map(str, c.seeds()))
+        key = f"{MODEL}:{c.cell_key}@{c.rate_rps!r}:{seeds}:{c.runs[0].summary.requests}"
         if key not in saved:
             windows = TRACE_WINDOWS if c.tags["source"] in TRACES else 1
             source = workload_source(

@@ -340,13 +340,14 @@ class DecodeInstance:
         prompt_tokens: int,
         reuse: float,
     ) -> InstanceState:
-        """This engine as it is now, for a request with these blocks (the oracle's view): KV in use, and
-        committed as the true outputs will grow it; backlog the true value of what the ledger estimates (its
-        module docstring), the output tokens every stream here has left, summed, at ``tau_dec_s``; the hits
-        this request would get, counting the blocks of the requests waiting to be pulled here (as
-        PrefillInstance.true_state). The backlog was once the longest stream's time alone: another quantity
-        than marginal_cost's, which weights with w_b_dec > 0 priced very differently (the oracle with
-        mixed-bursty's tuned weights fell to 0.42 goodput where marginal_cost with them had 0.85)."""
+        """This engine as it is now, for a request with these blocks (the clairvoyant policy's view): KV in
+        use, and committed as the true outputs will grow it; backlog the true value of what the ledger
+        estimates (its module docstring), the output tokens every stream here has left, summed, at
+        ``tau_dec_s``; the hits this request would get, counting the blocks of the requests waiting to be
+        pulled here (as PrefillInstance.true_state). The backlog was once the longest stream's time alone:
+        another quantity than marginal_cost's, which weights with w_b_dec > 0 priced very differently (the
+        clairvoyant policy with mixed-bursty's tuned weights fell to 0.42 goodput where marginal_cost with
+        them had 0.85)."""
         coming: set[int] = set()
         for req in self._waiting:
             coming.update(req.prefix_blocks)

@@ -133,10 +133,10 @@ class PrefillInstance:
     def true_state(
         self, tau_pre_s: float, blocks: tuple[int, ...], prompt_tokens: int, reuse: float
     ) -> InstanceState:
-        """This engine as it is now, for a request with these blocks (the oracle's view): the prompt tokens
-        it has still to compute, priced at the hardware's ``tau_pre_s`` (a queued prompt hits what is cached
-        and what the prompts ahead of it will cache), the KV it holds and will hold, and the hits this
-        request would get behind them all."""
+        """This engine as it is now, for a request with these blocks (the clairvoyant policy's view): the
+        prompt tokens it has still to compute, priced at the hardware's ``tau_pre_s`` (a queued prompt hits
+        what is cached and what the prompts ahead of it will cache), the KV it holds and will hold, and the
+        hits this request would get behind them all."""
         pool = self.pool
         b = pool.block_tokens
         coming: set[int] = set()

@@ -145,7 +145,7 @@ class ClusterSim:
         self._last_samples: list[Sample | None] = [None] * len(self._engines)
         self._count = 0
         self._last_arrival_s = 0.0
-        # A policy that routes on the truth (the oracle) is handed this run's at each decision.
+        # A policy that routes on the truth (the clairvoyant marginal_cost) is handed it at each decision.
         self._truth: TrueView | None = (
             self._true_view if getattr(router.policy, "needs_true_state", False) else None
         )
@@ -318,7 +318,7 @@ class ClusterSim:
         )
 
     def _true_view(self, now_s: float, seq: int, blocks: Sequence[int], prompt_tokens: int) -> ClusterView:
-        """Every engine as it is at ``now_s`` (policies/oracle.py): what no live router can see."""
+        """Every engine as it is at ``now_s`` (policies/clairvoyant.py): what no live router can see."""
         b = tuple(blocks)
         index = self._router.prefix
         reuse = index.reuse_ratios() if index is not None and b else {}
