@@ -118,6 +118,15 @@ class InstanceState(SlottedValue):
     ``evicted_reuse_ratio`` the share of the blocks it evicted lately that a later request wanted back.
     ``kv_used_tokens``, ``running`` and ``waiting`` come from the engine's metrics, sampled periodically, so
     they may be up to one sampling period old (``metrics_age_s``).
+
+    The engine's active sequences, from the ledger (as NVIDIA Dynamo's KV router tracks them): the requests
+    admitted to a prefill engine whose prefill is not done, to a decode engine that are not done.
+    ``pending_prefill_tokens``: their prompt tokens the prefill engine must still compute (less those the
+    prefix index expected it to hold; 0 on decode engines); ``active_tokens``: their prompt tokens, each
+    sequence counted whole. Only for a policy that reads active blocks (``reads_active_blocks``, else 0):
+    ``active_shared_tokens``, the tokens of the blocks two or more of them hold, counted past their first
+    holder (``active_tokens - active_shared_tokens`` counts each block once), and ``active_overlap_tokens``,
+    about the request being routed: the leading run of its blocks among those blocks, in tokens.
     """
 
     _fields = (
@@ -134,6 +143,10 @@ class InstanceState(SlottedValue):
         "metrics_age_s",
         "cached_tokens",
         "evicted_reuse_ratio",
+        "pending_prefill_tokens",
+        "active_tokens",
+        "active_shared_tokens",
+        "active_overlap_tokens",
     )
     __slots__ = _fields
 
@@ -152,6 +165,10 @@ class InstanceState(SlottedValue):
         metrics_age_s: float,
         cached_tokens: int = 0,
         evicted_reuse_ratio: float = 0.0,
+        pending_prefill_tokens: int = 0,
+        active_tokens: int = 0,
+        active_shared_tokens: int = 0,
+        active_overlap_tokens: int = 0,
     ) -> None:
         self.instance_id: Final = instance_id
         self.role: Final = role
@@ -166,6 +183,10 @@ class InstanceState(SlottedValue):
         self.metrics_age_s: Final = metrics_age_s
         self.cached_tokens: Final = cached_tokens
         self.evicted_reuse_ratio: Final = evicted_reuse_ratio
+        self.pending_prefill_tokens: Final = pending_prefill_tokens
+        self.active_tokens: Final = active_tokens
+        self.active_shared_tokens: Final = active_shared_tokens
+        self.active_overlap_tokens: Final = active_overlap_tokens
 
 
 class ClusterView(SlottedValue):

@@ -1,4 +1,5 @@
-"""prefix_scorer_mix (llm-d's default profile: prefix 3, queue 2, KV 2): scores and picks, table-driven."""
+"""prefix_scorer_mix (llm-d's default profile: prefix 3, queue 2, KV 2): scores within llm-d's match window,
+picks, its source, table-driven."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from calroute.costmodel.calibration import Calibration
 from calroute.errors import ConfigError
 from calroute.policies import make_policy
-from calroute.policies.prefix_scorer_mix import Params, scores
+from calroute.policies.prefix_scorer_mix import Params, prefix_score, scores
 from calroute.types import Role
 from tests.conftest import make_admission, make_state, make_view
 
@@ -72,6 +73,57 @@ def test_picks_the_highest_score_in_each_pool(
     assert (d.decode_id, p.prefill_id) == (f"decode-{want}", f"prefill-{want}")
 
 
+@pytest.mark.parametrize(
+    ("prompt", "cached", "window", "want"),
+    [
+        # llm-d hashes at most 256 blocks of 16 tokens (4,096 tokens): a 10k-token prompt sharing its first
+        # 4,096 tokens scores 1 (the old whole-prompt score: 0.41)
+        (10_000, 4096, 4096, 1.0),
+        (10_000, 2048, 4096, 0.5),
+        (10_000, 8192, 4096, 1.0),
+        # window 0: the whole prompt
+        (10_000, 4096, 0, 0.4096),
+        # a prompt within the window: the share of the prompt
+        (2048, 1024, 4096, 0.5),
+        (2048, 4096, 4096, 1.0),
+        (2048, 0, 4096, 0.0),
+    ],
+)
+def test_the_prefix_score_is_within_the_match_window(
+    prompt: int, cached: int, window: int, want: float
+) -> None:
+    state = make_state("d0", Role.DECODE, cached_tokens=cached)
+    assert prefix_score(state, prompt, window) == pytest.approx(want)
+    assert scores([state], prompt, Params(window_tokens=window, w_queue=0, w_kv=1))[0] == pytest.approx(
+        3 * want + 1
+    )
+
+
+@pytest.mark.parametrize(
+    ("params", "want"),
+    [
+        # a 16k-token prompt whose first 4,096 tokens decode-0 holds, behind a queue of 4: within llm-d's
+        # window that is a whole match (3 + 0 + 2 = 5 against 0 + 2 + 2); over the whole prompt only a
+        # quarter (0.75 + 0 + 2), and the idle engine wins
+        ({}, 0),
+        ({"window_tokens": 0}, 1),
+    ],
+)
+def test_a_long_prompt_follows_its_windowed_match(
+    params: dict[str, Any], want: int, calibration: Calibration
+) -> None:
+    policy = make_policy("prefix_scorer_mix", params, calibration)
+    view = make_view(prefill=2, decode=[{"cached_tokens": 4096, "waiting": 4}, {}])
+    assert policy.route(make_admission(prompt_tokens=16_384), view).decode_id == f"decode-{want}"
+
+
+@pytest.mark.parametrize(("params", "want"), [({}, "approximate"), ({"source": "precise"}, None)])
+def test_the_source_is_the_routers_placements_unless_precise(
+    params: dict[str, Any], want: str | None, calibration: Calibration
+) -> None:
+    assert make_policy("prefix_scorer_mix", params, calibration).prefix_source == want  # type: ignore[attr-defined]
+
+
 def test_the_decision_reports_negated_scores(calibration: Calibration) -> None:
     policy = make_policy("prefix_scorer_mix", {}, calibration)
     view = make_view(prefill=[{"cached_tokens": 1024}, {}], decode=[{}, {"healthy": False}, {"waiting": 2}])
@@ -94,6 +146,8 @@ def test_reads_the_engine_samples() -> None:
         ({"w_kv": -0.5}, "w_kv must be >= 0"),
         ({"w_prefix": 0, "w_queue": 0, "w_kv": 0}, "cannot all be 0"),
         ({"w_prefix": "lots"}, "w_prefix"),
+        ({"window_tokens": -1}, "window_tokens must be >= 0"),
+        ({"source": "kv-events"}, "source must be one of approximate, precise"),
     ],
 )
 def test_bad_weights(params: dict[str, Any], message: str, calibration: Calibration) -> None:

@@ -136,8 +136,10 @@ def test_samples_health_and_errors(calibration: Calibration) -> None:
 def test_any_event_order_keeps_the_books_consistent(
     reqs: list[tuple[int, int, int, int, float, float, float, bool]],
 ) -> None:
-    """Random overlapping requests: backlogs never negative, and everything returns to zero."""
+    """Random overlapping requests: backlogs never negative, and everything returns to zero (the active
+    sequences and their blocks too, the prompts sharing their leading blocks by parity)."""
     led = Ledger(SPECS, get_profile("a40-qwen2.5-3b").calibration)
+    led.track_active_blocks(16)
     events: list[tuple[float, int, str, int]] = []
     for i, (_, _, _, _, t_pre, t_ft, t_dec, _) in enumerate(reqs):
         t0 = i * 0.1
@@ -147,7 +149,8 @@ def test_any_event_order_keeps_the_books_consistent(
         p, d, prompt, out, _, _, _, ok = reqs[i]
         rid = f"r{i}"
         if kind == "admit":
-            led.admit(rid, f"p{p}", f"d{d}", prompt, out, t)
+            blocks = [i % 2 * 1000 + k for k in range(prompt // 16)]
+            led.admit(rid, f"p{p}", f"d{d}", prompt, out, t, blocks=blocks)
         elif kind == "pre":
             led.prefill_done(rid, t)
         elif kind == "ft":
@@ -156,8 +159,12 @@ def test_any_event_order_keeps_the_books_consistent(
             led.done(rid, t, out, ok)
         for s in led.view(t).prefill + led.view(t).decode:
             assert s.backlog_s >= 0 and s.in_flight >= 0 and s.kv_committed_tokens >= 0
+            assert 0 <= s.active_shared_tokens <= s.active_tokens and s.pending_prefill_tokens >= 0
     end = max(e[0] for e in events)
     assert all(v == (0, 0.0, 0) for v in states(led, end).values())
+    final = led.view(end)
+    assert all((s.active_tokens, s.active_shared_tokens) == (0, 0) for s in final.prefill + final.decode)
+    assert led.active_overlap([0, 1, 1000]) == {}
     assert led.in_flight_requests() == 0
 
 
@@ -180,3 +187,99 @@ def test_a_view_carries_the_prefix_match_for_the_request(calibration: Calibratio
     specs = [InstanceSpec("p0", Role.PREFILL, 60_000), InstanceSpec("d0", Role.DECODE, 60_000)]
     view = Ledger(specs, calibration).view(0.0, {"d0": 512})
     assert view.prefill[0].cached_tokens == 0 and view.decode[0].cached_tokens == 512
+
+
+def active(ledger: Ledger, blocks: list[int] | None = None) -> dict[str, tuple[int, int, int, int]]:
+    """Per engine: (pending prefill tokens, active tokens, shared tokens, overlap of ``blocks``)."""
+    v = ledger.view(0.0, active_overlap=ledger.active_overlap(blocks or []))
+    return {
+        s.instance_id: (
+            s.pending_prefill_tokens,
+            s.active_tokens,
+            s.active_shared_tokens,
+            s.active_overlap_tokens,
+        )
+        for s in v.prefill + v.decode
+    }
+
+
+# Requests of 2048 tokens (four blocks of 512): a and b share their first three blocks, c shares nothing.
+A, B, C = [1, 2, 3, 10], [1, 2, 3, 20], [7, 8, 9, 30]
+
+
+@pytest.mark.parametrize(
+    ("events", "want"),
+    [
+        # admitted: active on both engines; the prefill engine's pending tokens are the uncached ones
+        ([("admit", "a", "p0", "d0", A, 512)], {"p0": (1536, 2048, 0, 1536), "d0": (0, 2048, 0, 1536)}),
+        # a second sequence sharing three blocks: they count once (3 x 512 shared); the query's run: 3 blocks
+        (
+            [("admit", "a", "p0", "d0", A, 0), ("admit", "b", "p0", "d0", B, 0)],
+            {"p0": (4096, 4096, 1536, 1536), "d0": (0, 4096, 1536, 1536)},
+        ),
+        # the prefill engine's sequence ends with its prefill; the decode engine's lasts until done
+        (
+            [("admit", "a", "p0", "d0", A, 0), ("admit", "b", "p1", "d0", B, 0), ("prefill_done", "a")],
+            {"p0": (0, 0, 0, 0), "p1": (2048, 2048, 0, 1536), "d0": (0, 4096, 1536, 1536)},
+        ),
+        (
+            [("admit", "a", "p0", "d0", A, 0), ("admit", "b", "p0", "d1", B, 0), ("first_token", "a")],
+            {"p0": (2048, 2048, 0, 1536), "d0": (0, 2048, 0, 1536), "d1": (0, 2048, 0, 1536)},
+        ),
+        (
+            [("admit", "a", "p0", "d0", A, 0), ("prefill_done", "a"), ("done", "a")],
+            {"p0": (0, 0, 0, 0), "d0": (0, 0, 0, 0)},
+        ),
+        # a request that ends in its prefill (failed, cancelled) leaves both engines
+        ([("admit", "a", "p0", "d0", A, 0), ("done", "a")], {"p0": (0, 0, 0, 0), "d0": (0, 0, 0, 0)}),
+        # a sequence sharing nothing adds its tokens whole and no run
+        (
+            [("admit", "a", "p0", "d0", A, 0), ("admit", "c", "p0", "d0", C, 0)],
+            {"p0": (4096, 4096, 0, 1536), "d0": (0, 4096, 0, 1536)},
+        ),
+        # the shared blocks' count falls back as their holders leave
+        (
+            [
+                ("admit", "a", "p0", "d0", A, 0),
+                ("admit", "b", "p0", "d0", B, 0),
+                ("admit", "c", "p0", "d0", A[:3] + [40], 0),
+                ("prefill_done", "b"),
+                ("done", "b"),
+            ],
+            {"p0": (4096, 4096, 1536, 1536), "d0": (0, 4096, 1536, 1536)},
+        ),
+    ],
+)
+def test_active_sequences_and_their_shared_blocks(
+    events: list[tuple[object, ...]], want: dict[str, tuple[int, int, int, int]], calibration: Calibration
+) -> None:
+    ledger = Ledger(SPECS, calibration)
+    ledger.track_active_blocks(512)
+    for kind, rid, *rest in events:
+        if kind == "admit":
+            pre, dec, blocks, cached = rest
+            ledger.admit(str(rid), str(pre), str(dec), 2048, 100, 0.0, int(cached), list(blocks))  # type: ignore[call-overload]
+        elif kind == "prefill_done":
+            ledger.prefill_done(str(rid), 0.0)
+        elif kind == "first_token":
+            ledger.first_token(str(rid), 0.0)
+        else:
+            ledger.done(str(rid), 0.0, 10)
+    got = active(ledger, [1, 2, 3, 99])  # a query sharing a's and b's first three blocks
+    assert {k: v for k, v in got.items() if k in want} == want
+
+
+def test_active_blocks_are_counted_only_while_tracked(calibration: Calibration) -> None:
+    ledger = Ledger(SPECS, calibration)
+    ledger.admit("a", "p0", "d0", 2048, 100, 0.0, blocks=A)  # not tracked: tokens only
+    assert not ledger.tracks_active_blocks and ledger.active_overlap(A) is None
+    assert active(ledger)["d0"] == (0, 2048, 0, 0)
+    ledger.track_active_blocks(512)
+    ledger.admit("b", "p0", "d0", 2048, 100, 0.0, blocks=B)
+    assert active(ledger, A)["d0"] == (0, 4096, 0, 1536)  # a's blocks were never counted
+    ledger.done("a", 0.0, 10)  # releases nothing it did not count
+    ledger.track_active_blocks(None)
+    ledger.track_active_blocks(512)  # a fresh count: b's blocks are forgotten, and never released below 0
+    ledger.done("b", 0.0, 10)
+    ledger.admit("c", "p0", "d0", 2048, 100, 0.0, blocks=A)
+    assert active(ledger, A)["d0"] == (0, 2048, 0, 2048)

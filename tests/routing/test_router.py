@@ -208,3 +208,70 @@ def test_without_online_recalibration_nothing_is_tracked(calibration: Calibratio
     router.first_token("a", 0.5)
     router.done("a", 800, 11, 1.5, ok=True, first_token_s=0.5)
     assert router.constants is None and router._tracked == {}
+
+
+@dataclass
+class BlockReader(Policy):
+    """A Policy that asks the ledger to count the active sequences' blocks."""
+
+    reads_active_blocks: bool = True
+
+
+@dataclass
+class PlacementReader(Policy):
+    """A Policy matched against the router's own placements alone."""
+
+    prefix_source: str = "approximate"
+
+
+def test_the_ledger_counts_blocks_only_for_a_policy_that_reads_them(calibration: Calibration) -> None:
+    ledger, plain, reader = Ledger(SPECS, calibration), Policy(), BlockReader()
+    router = Router(plain, Predictor(), ledger, prefix=PrefixIndex(SPECS, 16))
+    router.admit("a", 64, SloClass.LOOSE, 0.0, prefix_blocks=[1, 2, 3, 4])
+    assert not ledger.tracks_active_blocks
+    assert [(s.active_tokens, s.active_overlap_tokens) for s in plain.views[-1].decode] == [(0, 0), (0, 0)]
+    router.switch_policy(reader)
+    router.admit("b", 64, SloClass.LOOSE, 0.0, prefix_blocks=[1, 2, 3, 5])
+    router.decide("c", 64, SloClass.LOOSE, 0.0, prefix_blocks=[1, 2, 9, 9])
+    d1 = reader.views[-1].decode[1]
+    assert ledger.tracks_active_blocks
+    # a's blocks, admitted before, are not counted; b's are, and c's first two blocks are among them
+    assert (d1.active_tokens, d1.active_shared_tokens, d1.active_overlap_tokens) == (128, 0, 32)
+    router.switch_policy(Policy())
+    assert not ledger.tracks_active_blocks
+
+
+class HeardIndex(PrefixIndex):
+    hears_events = True
+
+
+@pytest.mark.parametrize(
+    ("index_cls", "record_placements", "own"),
+    [
+        (PrefixIndex, True, False),  # the run's index is the router's placements: shared
+        (PrefixIndex, False, True),  # KV events only (the simulator's precise source)
+        (HeardIndex, True, True),  # events and placements (the proxy's PreciseIndex)
+    ],
+)
+def test_a_policy_on_the_approximate_source_is_matched_against_placements_alone(
+    index_cls: type[PrefixIndex], record_placements: bool, own: bool, calibration: Calibration
+) -> None:
+    index = index_cls(SPECS, 16)
+    index.stored("p0", [1, 2, 3])  # what an engine's events said, never a placement
+    policy = PlacementReader()
+    router = Router(
+        policy, Predictor(), Ledger(SPECS, calibration), prefix=index, record_placements=record_placements
+    )
+    assert (router.policy_index is not index) == own
+    d = router.admit("a", 64, SloClass.LOOSE, 0.0, prefix_blocks=[1, 2, 3, 4])
+    assert d.match == ({} if own else {"p0": 48})
+    # the placement (p1, d1) is what the policy's index learns
+    assert router.decide("b", 64, SloClass.LOOSE, 0.1, prefix_blocks=[1, 2, 3, 4]).match == (
+        {"p1": 64, "d1": 64} if own else {"p0": 48, "p1": 64, "d1": 64}
+    )
+    # the run's index is unchanged by the policy's own
+    assert index.match([1, 2, 3, 4]) == (
+        {"p0": 48} if not record_placements else {"p0": 48, "p1": 64, "d1": 64}
+    )
+    router.switch_policy(Policy())
+    assert router.policy_index is index

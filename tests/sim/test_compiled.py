@@ -140,6 +140,20 @@ CASES = {
         "--policies",
         "marginal_cost,cache_aware",
     ],
+    "shared prefixes on KV events: the ledger's active blocks, a placements-only index": [
+        "--workload",
+        "shared-prefix",
+        "--rate",
+        "8",
+        "--requests",
+        "800",
+        "--prefix-source",
+        "precise",
+        "--policies",
+        "kv_overlap_cost,prefix_scorer_mix",
+        "--param",
+        "kv_overlap_cost.assume_kv_reuse=true",
+    ],
 }
 
 

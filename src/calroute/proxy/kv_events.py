@@ -30,6 +30,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import zmq
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -50,6 +51,8 @@ class PreciseIndex(PrefixIndex):
     """The router's prefix index with both sources: the router's placements count only for engines whose
     event stream is not live (``live``); a live engine's view is what its events say. (A subclass, so the
     index's own semantics stay as they are.)"""
+
+    hears_events: ClassVar[bool] = True
 
     def __init__(self, instances: Sequence[InstanceSpec], block_tokens: int) -> None:
         super().__init__(instances, block_tokens)

@@ -14,6 +14,12 @@ seconds:
 Until an instance has finished anything, it borrows its pool's observed rate, and until the pool has,
 the calibration's tau. The ledger also keeps committed KV (prompt + predicted output of in-flight work)
 and the last engine metrics sample per instance, and builds the ClusterView a policy sees.
+
+It also keeps each engine's active sequences as NVIDIA Dynamo's KV router does (its ``ActiveSequences``,
+docs/prefix.md "How each peer does it"): the requests admitted to a prefill engine until their prefill is
+done, to a decode engine until they are done, with their prompt tokens and, for a policy that asks
+(``track_active_blocks``), their prompt blocks counted with multiplicity (``ActiveBlocks``), so that a
+block several of them share counts once and a request can be matched against them.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from typing import Final
 from calroute.costmodel.calibration import Calibration
 from calroute.errors import ConfigError
 from calroute.routing.heap import Entry, MinHeap
+from calroute.routing.prefix_index import leading_runs
 from calroute.types import ClusterView, InstanceSpec, InstanceState, Role
 
 _INF: Final = float("inf")
@@ -60,6 +67,8 @@ class _Book:
     # prefill: prompt tokens admitted, not yet prefilled. decode: predicted tokens of requests not started.
     pending_tokens: int = 0
     kv_committed_tokens: int = 0
+    # prompt tokens of the active sequences (prefill: admitted, prefill not done; decode: admitted, not done)
+    active_tokens: int = 0
     # prefill only: busy-time accounting.
     busy_s: float = 0.0
     last_event_s: float = 0.0
@@ -72,6 +81,71 @@ class _Book:
     running: int = 0
     waiting: int = 0
     sampled_at_s: float | None = None
+
+
+class ActiveBlocks:
+    """The prompt blocks of each engine's active sequences, with multiplicity (Dynamo's ``unique_blocks``,
+    a reference count per block): a block that several of them hold counts once in their footprint, and a
+    request's blocks can be matched against them. Block ids chain as the prefix index's do (an id stands for
+    its block and everything before it), so a match is a leading run, as Dynamo's overlap depth is."""
+
+    __slots__ = ("block_tokens", "_ids", "_bit", "_all", "_counts", "_holders", "shared_tokens")
+
+    def __init__(self, ids: list[str], block_tokens: int) -> None:
+        if block_tokens < 1:
+            raise ConfigError(f"block size must be >= 1 token, got {block_tokens}")
+        self.block_tokens = block_tokens
+        self._ids = ids
+        self._bit = {iid: 1 << i for i, iid in enumerate(ids)}
+        self._all = (1 << len(ids)) - 1
+        self._counts: dict[str, dict[int, int]] = {iid: {} for iid in ids}
+        self._holders: dict[int, int] = {}  # block -> bitmask of the engines whose active sequences hold it
+        # per engine: the tokens of its blocks held by more than one of its sequences, past the first
+        self.shared_tokens: dict[str, int] = dict.fromkeys(ids, 0)
+
+    def acquire(self, instance_id: str, blocks: list[int]) -> None:
+        counts = self._counts[instance_id]
+        holders = self._holders
+        bit = self._bit[instance_id]
+        shared = 0
+        for b in blocks:
+            c = counts.get(b, 0)
+            if c:
+                shared += 1
+            else:
+                holders[b] = holders.get(b, 0) | bit
+            counts[b] = c + 1
+        if shared:
+            self.shared_tokens[instance_id] += shared * self.block_tokens
+
+    def release(self, instance_id: str, blocks: list[int]) -> None:
+        counts = self._counts[instance_id]
+        holders = self._holders
+        bit = self._bit[instance_id]
+        shared = 0
+        for b in blocks:
+            c = counts.get(b, 0)
+            if c > 1:
+                counts[b] = c - 1
+                shared += 1
+            elif c == 1:
+                del counts[b]
+                rest = holders.get(b, 0) & ~bit
+                if rest:
+                    holders[b] = rest
+                else:
+                    holders.pop(b, None)
+        if shared:
+            self.shared_tokens[instance_id] -= shared * self.block_tokens
+
+    def match(self, blocks: Sequence[int]) -> dict[str, int]:
+        """Per engine, the tokens of the leading run of ``blocks`` among its active sequences' blocks
+        (engines with none left out)."""
+        return leading_runs(self._holders, self._ids, self._all, blocks, self.block_tokens)
+
+    def blocks_held(self, instance_id: str) -> int:
+        """Distinct blocks of the engine's active sequences."""
+        return len(self._counts[instance_id])
 
 
 class _Entry:
@@ -87,6 +161,8 @@ class _Entry:
         "predicted_output_tokens",
         "phase",
         "first_token_s",
+        "blocks",
+        "tracked",
     )
 
     def __init__(
@@ -106,6 +182,8 @@ class _Entry:
         self.predicted_output_tokens = predicted_output_tokens
         self.phase = 0  # 0 prefilling, 1 waiting for first token, 2 decoding
         self.first_token_s = 0.0
+        self.blocks: list[int] = []  # its prompt blocks, where active blocks are tracked
+        self.tracked: ActiveBlocks | None = None  # the structure they were counted in
 
 
 class Ledger:
@@ -129,6 +207,29 @@ class Ledger:
         self._entries: dict[str, _Entry] = {}
         self._next_key = 0
         self.decisions = 0
+        self._ids = ids
+        self._active: ActiveBlocks | None = None
+
+    def track_active_blocks(self, block_tokens: int | None) -> None:
+        """Count the active sequences' prompt blocks from the next admission on, in blocks of
+        ``block_tokens`` (the size the admissions' blocks name); None: stop. Requests admitted while it was
+        off are not counted (their blocks are unknown)."""
+        if block_tokens is None:
+            self._active = None
+        elif self._active is None or self._active.block_tokens != block_tokens:
+            self._active = ActiveBlocks(self._ids, block_tokens)
+
+    @property
+    def tracks_active_blocks(self) -> bool:
+        return self._active is not None
+
+    def active_overlap(self, blocks: Sequence[int]) -> dict[str, int] | None:
+        """Per engine, the tokens of the leading run of ``blocks`` among its active sequences' blocks (None
+        unless active blocks are tracked)."""
+        active = self._active
+        if active is None:
+            return None
+        return active.match(blocks) if blocks else {}
 
     # ---- events -------------------------------------------------------------------------------------
 
@@ -141,9 +242,11 @@ class Ledger:
         predicted_output_tokens: int,
         now_s: float,
         cached_tokens: int = 0,
+        blocks: Sequence[int] = (),
     ) -> None:
         """``cached_tokens``: of the prompt, how many the router expects the prefill engine to hold, so that
-        it computes only the rest. Backlog and observed rates count computed tokens; KV counts the prompt."""
+        it computes only the rest. Backlog and observed rates count computed tokens; KV counts the prompt.
+        ``blocks``: the prompt's blocks (all of them are read, where active blocks are tracked)."""
         if request_id in self._entries:
             raise ConfigError(f"request {request_id!r} is already in flight")
         pre = self._books[prefill_id]
@@ -156,9 +259,17 @@ class Ledger:
         dec.in_flight += 1
         dec.pending_tokens += predicted_output_tokens
         dec.kv_committed_tokens += prompt_tokens + predicted_output_tokens
-        self._entries[request_id] = _Entry(
-            self._next_key, pre, dec, prompt_tokens, prefill_tokens, predicted_output_tokens
-        )
+        pre.active_tokens += prompt_tokens
+        dec.active_tokens += prompt_tokens
+        e = _Entry(self._next_key, pre, dec, prompt_tokens, prefill_tokens, predicted_output_tokens)
+        active = self._active
+        if active is not None and blocks:
+            held = blocks if type(blocks) is list else list(blocks)
+            active.acquire(prefill_id, held)
+            active.acquire(decode_id, held)
+            e.blocks = held
+            e.tracked = active
+        self._entries[request_id] = e
         self._next_key += 1
         self.decisions += 1
 
@@ -170,6 +281,9 @@ class Ledger:
         self._account_busy(pre, now_s)
         pre.in_flight -= 1
         pre.pending_tokens -= e.prefill_tokens
+        pre.active_tokens -= e.prompt_tokens
+        if e.tracked is not None:
+            e.tracked.release(pre.spec.instance_id, e.blocks)
         if e.prefill_tokens > 0:
             pre.rate.add(pre.busy_s, e.prefill_tokens)
             pre.pool_rate.add(pre.busy_s, e.prefill_tokens)
@@ -201,6 +315,12 @@ class Ledger:
             self._account_busy(pre, now_s)
             pre.in_flight -= 1
             pre.pending_tokens -= e.prefill_tokens
+            pre.active_tokens -= e.prompt_tokens
+            if e.tracked is not None:
+                e.tracked.release(pre.spec.instance_id, e.blocks)
+        if e.tracked is not None:
+            e.tracked.release(dec.spec.instance_id, e.blocks)
+        dec.active_tokens -= e.prompt_tokens
         if e.phase < 2:
             pre.kv_committed_tokens -= e.prompt_tokens
             dec.pending_tokens -= e.predicted_output_tokens
@@ -277,10 +397,13 @@ class Ledger:
         now_s: float,
         cached_tokens: dict[str, int] | None,
         reuse: dict[str, float] | None,
+        overlap: dict[str, int] | None,
     ) -> tuple[InstanceState, ...]:
         # One loop with the backlog's rate written out (a view of 256 instances is the larger part of a
         # decision there); the arithmetic is _backlog_s's, in the same order.
         out = []
+        active = self._active
+        shared = active.shared_tokens if active is not None else None
         for b in books:
             s = b.spec
             iid = s.instance_id
@@ -309,6 +432,10 @@ class Ledger:
                     _INF if b.sampled_at_s is None else now_s - b.sampled_at_s,
                     cached_tokens.get(iid, 0) if cached_tokens else 0,
                     reuse[iid] if reuse is not None else 0.0,
+                    0 if b.decode else pending,
+                    b.active_tokens,
+                    shared[iid] if shared is not None else 0,
+                    overlap.get(iid, 0) if overlap else 0,
                 )
             )
         return tuple(out)
@@ -318,14 +445,16 @@ class Ledger:
         now_s: float,
         cached_tokens: dict[str, int] | None = None,
         reuse: dict[str, float] | None = None,
+        active_overlap: dict[str, int] | None = None,
     ) -> ClusterView:
         """The pools now; ``cached_tokens`` (instance id -> tokens) is the prefix index's answer for the
-        request being routed, absent instances holding none of it; ``reuse`` its evicted-reuse ratios."""
+        request being routed, absent instances holding none of it; ``reuse`` its evicted-reuse ratios;
+        ``active_overlap`` the request's match against the engines' active sequences (``active_overlap``)."""
         return ClusterView(
             now_s,
             self.decisions,
-            self._states(self._prefill, now_s, cached_tokens, reuse),
-            self._states(self._decode, now_s, cached_tokens, reuse),
+            self._states(self._prefill, now_s, cached_tokens, reuse, active_overlap),
+            self._states(self._decode, now_s, cached_tokens, reuse, active_overlap),
         )
 
     def in_flight_requests(self) -> int:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from typing import ClassVar
 
 from calroute.errors import ConfigError
 from calroute.routing._native import walk
@@ -27,11 +28,54 @@ from calroute.routing.block_hash import PromptBlocks
 from calroute.types import InstanceSpec
 
 
+def leading_runs(
+    holders: dict[int, int], ids: list[str], running: int, blocks: Sequence[int], block_tokens: int
+) -> dict[str, int]:
+    """Per engine, the tokens of the longest leading run of ``blocks`` it holds (engines with none left
+    out): ``holders`` maps a block to the bitmask of the engines holding it (bit i: ``ids[i]``), ``running``
+    is the mask of the engines to look at. A ``PromptBlocks`` is hashed only as far as some engine holds its
+    blocks. One walk over the blocks for every engine (the prefix index's match; the ledger's match against
+    the engines' active sequences, routing/ledger.py)."""
+    out: dict[str, int] = {}
+    if not running:
+        return out
+    run = 0  # blocks walked
+    for part in blocks.stretches() if isinstance(blocks, PromptBlocks) else (blocks,):
+        # In C (_native.c), a dict lookup a block: Python's groupby over the lookups took about
+        # 30 us for 511 blocks. Only the places where engines leave the running set come back.
+        walked, drops, running, ended = walk(holders, part if type(part) is list else list(part), running)
+        for i, dropped in drops:
+            if run + i:
+                if dropped & (dropped - 1):
+                    _credit(out, dropped, (run + i) * block_tokens, ids)
+                else:  # one engine, the usual case
+                    out[ids[dropped.bit_length() - 1]] = (run + i) * block_tokens
+        run += walked
+        if ended:  # a block nobody holds, or nobody holds all blocks so far: hash and walk no further
+            break
+    if run:
+        _credit(out, running, run * block_tokens, ids)
+    return out
+
+
+def _credit(out: dict[str, int], mask: int, tokens: int, ids: list[str]) -> None:
+    while mask:  # over the set bits only: a 256-engine pool loses a few engines per block
+        low = mask & -mask
+        out[ids[low.bit_length() - 1]] = tokens
+        mask ^= low
+
+
 class PrefixIndex:
+    # Whether the engines' KV events feed this index (the proxy's PreciseIndex): then it is not the router's
+    # own placements alone, and a policy that routes on those (``prefix_source = "approximate"``) gets an
+    # index of its own (routing/router.py).
+    hears_events: ClassVar[bool] = False
+
     def __init__(self, instances: Sequence[InstanceSpec], block_tokens: int) -> None:
         if block_tokens < 1:
             raise ConfigError(f"prefix block size must be >= 1 token, got {block_tokens}")
         self.block_tokens = block_tokens
+        self._specs = tuple(instances)
         self._ids = [s.instance_id for s in instances]
         self._bit = {iid: 1 << i for i, iid in enumerate(self._ids)}
         self._all = (1 << len(self._ids)) - 1
@@ -49,43 +93,17 @@ class PrefixIndex:
         # reuse_ratio per engine, refreshed whenever its counts change (once per event, not per decision)
         self._reuse = dict.fromkeys(self._ids, 0.0)
 
+    def placements_only(self) -> PrefixIndex:
+        """An empty index of the same engines, capacities and block size (for the router's placements
+        alone)."""
+        return PrefixIndex(self._specs, self.block_tokens)
+
     # ---- queries ------------------------------------------------------------------------------------
 
     def match(self, blocks: Sequence[int]) -> dict[str, int]:
         """Cached prompt tokens per engine: the longest leading run of ``blocks`` each holds (engines with
         none are left out). A ``PromptBlocks`` is hashed only as far as some engine holds its blocks."""
-        ids = self._ids
-        out: dict[str, int] = {}
-        running = self._all  # the engines holding every block so far
-        if not running:
-            return out
-        tokens = self.block_tokens
-        run = 0  # blocks walked
-        for part in blocks.stretches() if isinstance(blocks, PromptBlocks) else (blocks,):
-            # In C (_native.c), a dict lookup a block: Python's groupby over the lookups took about
-            # 30 us for 511 blocks. Only the places where engines leave the running set come back.
-            walked, drops, running, ended = walk(
-                self._holders, part if type(part) is list else list(part), running
-            )
-            for i, dropped in drops:
-                if run + i:
-                    if dropped & (dropped - 1):
-                        self._credit(out, dropped, (run + i) * tokens, ids)
-                    else:  # one engine, the usual case
-                        out[ids[dropped.bit_length() - 1]] = (run + i) * tokens
-            run += walked
-            if ended:  # a block nobody holds, or nobody holds all blocks so far: hash and walk no further
-                break
-        if run:
-            self._credit(out, running, run * tokens, ids)
-        return out
-
-    @staticmethod
-    def _credit(out: dict[str, int], mask: int, tokens: int, ids: list[str]) -> None:
-        while mask:  # over the set bits only: a 256-engine pool loses a few engines per block
-            low = mask & -mask
-            out[ids[low.bit_length() - 1]] = tokens
-            mask ^= low
+        return leading_runs(self._holders, self._ids, self._all, blocks, self.block_tokens)
 
     def reuse_ratio(self, instance_id: str) -> float:
         """Of the blocks this engine evicted lately, the share that a later request wanted back: what one

@@ -14,6 +14,7 @@ from calroute.policies.base import RoutingPolicy
 from calroute.routing.ledger import Ledger
 from calroute.routing.prefix_index import PrefixIndex
 from calroute.types import (
+    PREFIX_BLOCK_TOKENS,
     Admission,
     ClusterView,
     InstanceState,
@@ -106,6 +107,12 @@ class Router:
         ``prefix``: the view of the engines' prefix caches that requests with block ids are matched against;
         ``record_placements`` feeds it the router's own placements (its approximate source). Without it the
         index learns only from the engines' KV events, fed by whoever receives them.
+
+        What a policy asks of the router, by its attributes (read again when the policy is switched):
+        ``reads_active_blocks``, the ledger counts the active sequences' blocks and matches each request
+        against them (``InstanceState.active_shared_tokens``, ``active_overlap_tokens``), a cost only such
+        a policy pays; ``prefix_source = "approximate"``, it is matched against the router's own placements
+        alone: where ``prefix`` hears KV events, against an index of its own that only placements feed.
         """
         self.policy = policy
         self.predictor = predictor
@@ -115,6 +122,27 @@ class Router:
         self.prefix = prefix
         self.record_placements = record_placements
         self._tracked: dict[str, _Tracked] = {}
+        self._own_index: PrefixIndex | None = None  # the policy's placements-only index (prefix_source)
+        self._follow_policy()
+
+    def _follow_policy(self) -> None:
+        """Give the current policy what its attributes ask for (see __init__)."""
+        policy = self.policy
+        index = self.prefix
+        if getattr(policy, "reads_active_blocks", False):
+            self.ledger.track_active_blocks(index.block_tokens if index is not None else PREFIX_BLOCK_TOKENS)
+        else:
+            self.ledger.track_active_blocks(None)
+        own = None
+        if index is not None and getattr(policy, "prefix_source", None) == "approximate":
+            if index.hears_events or not self.record_placements:
+                own = self._own_index if self._own_index is not None else index.placements_only()
+        self._own_index = own
+
+    @property
+    def policy_index(self) -> PrefixIndex | None:
+        """The prefix index the current policy is matched against."""
+        return self._own_index if self._own_index is not None else self.prefix
 
     def decide(
         self,
@@ -133,13 +161,16 @@ class Router:
         policy that routes on the truth (the clairvoyant), in place of the ledger's view."""
         predicted = self.predictor.predict(prompt_tokens, oracle_output_tokens)
         adm = Admission(request_id, prompt_tokens, predicted, slo_class)
-        index = self.prefix
+        own = self._own_index
+        index = own if own is not None else self.prefix
         match = index.match(prefix_blocks) if index is not None and prefix_blocks else {}
         if true_view is not None:
             view = true_view(now_s, self.ledger.decisions, prefix_blocks, prompt_tokens)
         else:
             reuse = index.reuse_ratios() if index is not None and prefix_blocks else None
-            view = _panic(self.ledger.view(now_s, match, reuse))
+            ledger = self.ledger
+            overlap = ledger.active_overlap(prefix_blocks) if ledger.tracks_active_blocks else None
+            view = _panic(ledger.view(now_s, match, reuse, overlap))
         return Decision(adm, view, self.policy.route(adm, view), match)
 
     def admit(
@@ -170,11 +201,16 @@ class Router:
             d.admission.predicted_output_tokens,
             now_s,
             match.get(decision.prefill_id, 0) if match else 0,
+            prefix_blocks,
         )
         index = self.prefix
         if index is not None and prefix_blocks and self.record_placements:
             index.placed(decision.prefill_id, prefix_blocks)
             index.placed(decision.decode_id, prefix_blocks)
+        own = self._own_index
+        if own is not None and prefix_blocks:
+            own.placed(decision.prefill_id, prefix_blocks)
+            own.placed(decision.decode_id, prefix_blocks)
         if self.online is not None:
             pre = next(s for s in d.view.prefill if s.instance_id == decision.prefill_id)
             self._tracked[request_id] = _Tracked(
@@ -185,6 +221,7 @@ class Router:
     def switch_policy(self, policy: RoutingPolicy) -> None:
         """Route with ``policy`` from the next decision on (the proxy's /admin/policy)."""
         self.policy = policy
+        self._follow_policy()
 
     def prefill_done(self, request_id: str, now_s: float, prompt_tokens: int | None = None) -> None:
         self.ledger.prefill_done(request_id, now_s)
@@ -229,6 +266,7 @@ class Router:
         new = calibrator.maybe_refit()
         if new is not None:
             self.policy = self.online.policy_factory(new)
+            self._follow_policy()
 
     @property
     def constants(self) -> Calibration | None:
