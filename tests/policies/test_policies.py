@@ -354,3 +354,33 @@ def test_marginal_cost_prices_what_a_prompt_would_evict(calibration: Calibration
     quiet = make_view(prefill=[{}, {"cached_tokens": 2048}])
     scores = make_policy("marginal_cost", {}, calibration).route(adm, quiet).prefill_scores
     assert scores[0] - scores[1] == pytest.approx(saved_s)
+
+
+@pytest.mark.parametrize(
+    ("shared_kv", "want"),
+    [(True, "decode-1"), (False, "decode-0")],
+    ids=["kv-as-the-cache-holds-it", "every-prompt-whole"],
+)
+def test_marginal_cost_counts_decode_kv_as_the_cache_holds_it(
+    shared_kv: bool, want: str, calibration: Calibration
+) -> None:
+    # decode-1 runs ten streams that share a 5,000-token system prompt with the request: its ledger commits
+    # 50,000 prompt tokens, but its cache holds the prompt once, and the request adds only its own tail.
+    # Counting every prompt whole prices decode-1 near full and sends the request to the emptier decode-0,
+    # where it takes 6,000 tokens more of KV (vLLM's blocks shared, kvcache/pool.py).
+    view = make_view(
+        decode=[
+            {"kv_committed_tokens": 20_000, "kv_used_tokens": 20_000, "in_flight": 10},
+            {
+                "kv_committed_tokens": 55_000,
+                "kv_used_tokens": 10_000,
+                "in_flight": 10,
+                "active_tokens": 50_000,
+                "active_shared_tokens": 45_000,
+                "active_overlap_tokens": 5_000,
+            },
+        ]
+    )
+    policy = make_policy("marginal_cost", {"shared_kv": shared_kv, "w_q": 0.0}, calibration)
+    assert getattr(policy, "reads_active_blocks", False) is shared_kv
+    assert policy.route(make_admission(prompt_tokens=6000), view).decode_id == want

@@ -9,7 +9,13 @@ marginal completion time on it, in seconds, and take the cheapest in each pool i
 backlog_s is the ledger's estimate in *observed* seconds, never priced with tau: with a wrong tau the two
 terms disagree in units and the size term is mis-weighted, which is why calibration matters.
 press_after(d) = (max(kv_used, kv_committed) + prompt + o_hat) / kv_capacity: the KV pressure after this
-request joins, from the larger of the engine's sampled usage and the ledger's committed footprint.
+request joins, from the larger of the engine's sampled usage and the ledger's committed footprint. With
+``shared_kv`` (the default) both are counted as the engine's cache holds them: a block the engine's streams
+share is in its KV once (vLLM's block pool; the ledger's active blocks give ``active_shared_tokens``), and the
+request adds only the prompt past its leading run among them (``active_overlap_tokens``). Counting every
+prompt whole priced the decode engine serving a hot prefix as nearly full; it was the emptiest in fact, and
+on shared-prefix the requests sent elsewhere filled the other engines' KV until pulls waited and the
+prefill engines' held KV blocked their queues (docs/prefix.md).
 queue(d) is the in-flight count; w_q is a small tie-breaker.
 
 The w_cobatch term is the rest of a prefill's *marginal* cost: the time it adds to other requests. A prefill
@@ -97,6 +103,9 @@ class Params(PicklesByConstructor):
     # Price decode with the calibrated step curve after admission instead of tau_dec x (1 + rho x press):
     # see the module docstring.
     step_curve: bool = False
+    # Count a decode engine's KV as its cache holds it: the blocks its streams share once, and of the request
+    # only what it does not share with them (the ledger's active blocks): see the module docstring.
+    shared_kv: bool = True
 
     def __post_init__(self) -> None:
         for name in ("w_b", "w_b_dec", "w_s", "w_q", "w_cobatch", "rho", "w_evict"):
@@ -115,6 +124,8 @@ class MarginalCost:
 
     def __init__(self, params: Params, calibration: Calibration) -> None:
         self.params = params
+        # the router has the ledger count active sequences' blocks only for a policy that reads them
+        self.reads_active_blocks = params.shared_kv and params.use_prefix_cache
         self.tau_pre_s = calibration.tau_pre_s
         self.tau_dec_s = calibration.tau_dec_s
         self.step = calibration.decode
@@ -169,13 +180,18 @@ class MarginalCost:
         )
         own_dec_s = w_s * o_hat * self.tau_dec_s
         footprint = prompt + o_hat
+        shared = self.reads_active_blocks
         costs = []
         if pr.step_curve:
             own_tokens = w_s * o_hat
             base_s, per_seq_s, per_ctx_s = self.step.base_s, self.step.per_seq_s, self.step.per_ctx_token_s
             for s in dec:
                 used, committed = s.kv_used_tokens, s.kv_committed_tokens
+                if shared:
+                    committed -= s.active_shared_tokens
                 kv = (committed if committed > used else used) + footprint
+                if shared:
+                    kv -= s.active_overlap_tokens
                 step_s = base_s + per_seq_s * (s.in_flight + 1) + per_ctx_s * kv
                 over = kv - s.kv_capacity_tokens
                 cliff = rho * over / s.kv_capacity_tokens if over > 0 else 0.0
@@ -192,7 +208,11 @@ class MarginalCost:
         else:
             for s in dec:
                 used, committed = s.kv_used_tokens, s.kv_committed_tokens
+                if shared:
+                    committed -= s.active_shared_tokens
                 kv = (committed if committed > used else used) + footprint
+                if shared:
+                    kv -= s.active_overlap_tokens
                 cost = (
                     sigma * (w_b_dec * s.backlog_s + own_dec_s * (1.0 + rho * kv / s.kv_capacity_tokens))
                     + w_q * s.in_flight
