@@ -66,3 +66,20 @@ def test_a_script_killed_ends_with_one_line_and_status_130(tmp_path: Path) -> No
     assert marker.read_text() == "stopped what it started"
     assert returncode == 130
     assert stderr.decode().strip() == "interrupted: the engines and proxies it started are stopped"
+
+
+def test_a_free_port_run_avoids_ports_handed_out_but_not_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the engines' HTTP ports are chosen free but bound only when their processes start: a run of event
+    # ports must not land on them (make demo once failed: "Address already in use" on an engine's own port)
+    from calroute.cluster import procs
+
+    taken = procs.free_ports(2)
+    real = procs.free_port
+    offers = iter([taken[0], taken[1] - 1])  # both runs of 2 would cover a taken port
+
+    def offer() -> int:
+        return next(offers, None) or real()
+
+    monkeypatch.setattr(procs, "free_port", offer)
+    first = procs.free_port_run(2, exclude=set(taken))
+    assert not set(taken) & {first, first + 1}

@@ -110,7 +110,8 @@ def up_emulated(
                 argv += ["--engine", f"{roles[i][1].value}:{ports[i]}"]
             if kv_events:
                 # One process's engines publish on consecutive ports (vLLM's offset per rank): a free run.
-                first = free_port_run(len(members))
+                # (not the engines' HTTP ports, chosen free but not bound until their processes start)
+                first = free_port_run(len(members), exclude={*ports, *event_ports.values()})
                 event_ports.update({i: first + k for k, i in enumerate(members)})
                 config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{first}"}
                 argv += ["--kv-events-config", json.dumps(config)]

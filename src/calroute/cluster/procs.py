@@ -15,7 +15,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from types import FrameType
 
@@ -278,11 +278,17 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
-def free_port_run(n: int) -> int:
-    """The first of ``n`` consecutive free ports (chosen as :func:`free_ports` chooses them): for a process
-    whose engines take a base port plus their index, as vLLM's KV-event publishers do per rank."""
+def free_port_run(n: int, exclude: Collection[int] = ()) -> int:
+    """The first of ``n`` consecutive free ports (chosen as :func:`free_ports` chooses them), none of them in
+    ``exclude`` (ports already handed out and not yet bound): for a process whose engines take a base port
+    plus their index, as vLLM's KV-event publishers do per rank."""
     for _ in range(50):
         first = free_port()
-        if first + n - 1 <= 65535 and all(_bindable(p) for p in range(first + 1, first + n)):
+        run = range(first, first + n)
+        if (
+            first + n - 1 <= 65535
+            and not any(p in exclude for p in run)
+            and all(_bindable(p) for p in range(first + 1, first + n))
+        ):
             return first
     raise OSError(f"found no {n} consecutive free ports on 127.0.0.1")
