@@ -26,13 +26,20 @@ def fake_live(cell_key: str, delay_s: float, tmp_path: Path) -> CellResult:
     )
 
 
-def test_the_simulator_half_routes_as_the_live_proxy_did(tmp_path: Path) -> None:
+def experiment_dir(tmp_path: Path, slo: str) -> Path:
+    """A fidelity experiment's folder as a live run leaves it: its manifest's SLO spec, the cluster's
+    calibration (the profile's)."""
     exp_dir = tmp_path / "fidelity"
     exp_dir.mkdir()
-    (exp_dir / "manifest.json").write_text(json.dumps({"slo": {"name": "long-context"}}))
+    (exp_dir / "manifest.json").write_text(json.dumps({"slo": {"name": slo}}))
     shape = tmp_path / "_clusters" / "2P4D"
     shape.mkdir(parents=True)
     PROFILE.calibration.save(shape / "calibration.json")
+    return exp_dir
+
+
+def test_the_simulator_half_routes_as_the_live_proxy_did(tmp_path: Path) -> None:
+    exp_dir = experiment_dir(tmp_path, "long-context")
     live = fake_live("2P4D-shared-prefix", 0.02, tmp_path)
     report = Fidelity().report([live], exp_dir)
     sim = CellResult.from_dict(json.loads((exp_dir / "sim-2P4D-shared-prefix.json").read_text()))
@@ -45,12 +52,7 @@ def test_the_simulator_half_routes_as_the_live_proxy_did(tmp_path: Path) -> None
 
 
 def test_the_mixed_bursty_cell_keeps_the_routers_placements(tmp_path: Path) -> None:
-    exp_dir = tmp_path / "fidelity"
-    exp_dir.mkdir()
-    (exp_dir / "manifest.json").write_text(json.dumps({"slo": {"name": "paper"}}))
-    shape = tmp_path / "_clusters" / "2P4D"
-    shape.mkdir(parents=True)
-    PROFILE.calibration.save(shape / "calibration.json")
+    exp_dir = experiment_dir(tmp_path, "paper")
     live = fake_live("2P4D", 0.0, tmp_path)
     live = replace(live, runs=tuple(replace(r, kv_event_delay_s=None) for r in live.runs))
     report = Fidelity().report([live], exp_dir)
