@@ -89,6 +89,18 @@ def test_the_compiled_frozen_dataclasses_pickle(compiled_path: Path) -> None:
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
 
+# A loaded shared-prefix run whose router hears the engines' KV events: every prefix path of the simulator.
+SHARED_PREFIX_ON_EVENTS = [
+    "--workload",
+    "shared-prefix",
+    "--rate",
+    "8",
+    "--requests",
+    "800",
+    "--prefix-source",
+    "precise",
+]
+
 CASES = {
     "mixed-bursty, every compiled policy": [
         "--workload",
@@ -129,26 +141,12 @@ CASES = {
         "marginal_cost",
     ],
     "shared prefixes on KV events: the caches (kvcache/pool.py) and the index": [
-        "--workload",
-        "shared-prefix",
-        "--rate",
-        "8",
-        "--requests",
-        "800",
-        "--prefix-source",
-        "precise",
+        *SHARED_PREFIX_ON_EVENTS,
         "--policies",
         "marginal_cost,cache_aware",
     ],
     "shared prefixes on KV events: the ledger's active blocks, a placements-only index": [
-        "--workload",
-        "shared-prefix",
-        "--rate",
-        "8",
-        "--requests",
-        "800",
-        "--prefix-source",
-        "precise",
+        *SHARED_PREFIX_ON_EVENTS,
         "--policies",
         "kv_overlap_cost,prefix_scorer_mix",
         "--param",
