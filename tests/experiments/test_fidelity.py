@@ -71,3 +71,13 @@ def test_the_engines_limits_come_from_the_cluster_file(tmp_path: Path) -> None:
     ClusterFile("emulated", "m", 8192, engines).save(tmp_path / "cluster.yaml")
     limits = cluster_limits(tmp_path / "cluster.yaml")
     assert (limits.kv_capacity_tokens, limits.max_model_len) == (40_000, 8192)
+
+
+def test_prefix_cells_run_where_the_best_peer_holds_on_the_runs_own_traces() -> None:
+    cells = {c.key: c for c in Fidelity().cells(False)}
+    assert set(cells) == {"2P4D", "2P4D-shared-prefix", "2P4D-multi-turn", "2P4D-agentic"}
+    for key, cell in cells.items():
+        prefix = key != "2P4D"
+        assert (cell.saturation_target, cell.saturate_on_run_seeds) == (
+            (0.90, True) if prefix else (0.85, False)
+        )

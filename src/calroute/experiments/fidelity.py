@@ -20,17 +20,15 @@ from calroute.costmodel.calibration import Calibration
 from calroute.costmodel.profiles import EngineLimits, profile_from_calibration
 from calroute.costmodel.slo import SloSpec
 from calroute.experiments.kit.cells import Cell, CellResult, baselines_and_product
+from calroute.experiments.kit.live_backend import LIVE_KV_EVENT_DELAY_S, engine_limits
 from calroute.experiments.kit.report import fmt
-from calroute.experiments.prefix import PEERS
+from calroute.experiments.prefix import HOLD_TARGET, PEERS
 from calroute.report import plots
 from calroute.routing.variant import Variant
 
 SHAPE = "2P4D"
 PREFIX_FAMILIES = ("shared-prefix", "multi-turn", "agentic")
 PREFIX_VARIANTS = tuple(Variant(p, p) for p in ("round_robin", "least_loaded", *PEERS, "marginal_cost"))
-# The delay a simulated router hears KV events with when the live runs measured none (results saved before
-# the proxy measured it).
-FALLBACK_DELAY_S = 0.01
 
 
 class Fidelity:
@@ -49,6 +47,10 @@ class Fidelity:
                     family,
                     PREFIX_VARIANTS,
                     saturate_on=PEERS,
+                    # where the best peer holds 0.90 on the run's own traces: past saturation a few
+                    # collapsed traces decide the residual (docs/prefix.md, operating points)
+                    saturation_target=HOLD_TARGET,
+                    saturate_on_run_seeds=True,
                     tags={"workload": family},
                 )
                 for family in families
@@ -75,7 +77,7 @@ class Fidelity:
             profile_from_calibration(Calibration.load(cal_path), cluster_limits(shape_dir / "cluster.yaml")),
             slo,
             prefix_source="precise" if cell.variants == PREFIX_VARIANTS else "approximate",
-            kv_event_delay_s=measured_delay_s(live) or FALLBACK_DELAY_S,
+            kv_event_delay_s=measured_delay_s(live) or LIVE_KV_EVENT_DELAY_S,
         )
         seeds = live.seeds()
         requests = live.runs[0].summary.requests
@@ -169,8 +171,4 @@ def measured_delay_s(live: CellResult) -> float | None:
 
 def cluster_limits(cluster_path: Path) -> EngineLimits:
     """The live engines' KV capacity and model length, where their cluster file is (else the defaults)."""
-    if not cluster_path.exists():
-        return EngineLimits()
-    cluster = ClusterFile.load(cluster_path)
-    capacity = min(e.kv_capacity_tokens for e in cluster.engines)
-    return EngineLimits(kv_capacity_tokens=capacity, max_model_len=cluster.max_model_len)
+    return engine_limits(ClusterFile.load(cluster_path)) if cluster_path.exists() else EngineLimits()

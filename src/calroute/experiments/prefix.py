@@ -48,7 +48,8 @@ WORKLOADS = (
     ("no-reuse", "mixed-bursty"),
 )
 # (name, the goodput the best peer is at)
-OPERATING_POINTS = (("hold", 0.90), ("cross", 0.85))
+HOLD_TARGET = 0.90
+OPERATING_POINTS = (("hold", HOLD_TARGET), ("cross", 0.85))
 VARIANTS = (
     Variant("round_robin", "round_robin"),
     Variant("least_loaded", "least_loaded"),

@@ -7,11 +7,12 @@ the live runs themselves are covered by tests/cli/test_run.py.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from calroute.costmodel.profiles import DEFAULT_PROFILE, get_profile
+from calroute.costmodel.profiles import DEFAULT_PROFILE, EngineLimits, get_profile, profile_from_calibration
 from calroute.experiments.kit import live_backend as live
 from calroute.experiments.kit.cells import SaturationQuery
 from calroute.experiments.kit.live_backend import LiveBackend
@@ -103,3 +104,24 @@ def test_a_workload_that_misses_the_target_unloaded_is_not_probed_at_hour_long_r
         assert rate == pytest.approx(collapse_rps, rel=0.03)
     else:  # 0.85 x the best live probe is 0.425, crossed at the same collapse
         assert len(probed) > 4 and rate == pytest.approx(collapse_rps, rel=0.03)
+
+
+def test_the_simulated_search_runs_as_the_live_router_does(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """--saturation sim on a prefix family: the simulator with the cluster's engine limits (here a third of
+    the profile's KV capacity) and the proxy's source, KV events, not the router's own placements."""
+    small = unreachable_cluster(2, 4)
+    small = replace(small, engines=tuple(replace(e, kv_capacity_tokens=20_000) for e in small.engines))
+    backend = LiveBackend(
+        "emulated", tmp_path, fixed=LiveSetup(small, tmp_path / "c.yaml", CAL), saturation="sim"
+    )
+    query = SaturationQuery(2, 4, "shared-prefix", REQUESTS, "cache_aware")
+    expected = SimBackend(
+        profile_from_calibration(CAL, EngineLimits(kv_capacity_tokens=20_000, max_model_len=32768)),
+        prefix_source="precise",
+        kv_event_delay_s=live.LIVE_KV_EVENT_DELAY_S,
+    ).saturation_rate(query)
+    default = SimBackend(get_profile(DEFAULT_PROFILE)).saturation_rate(query)
+    assert backend.saturation_rate(query) == pytest.approx(expected)
+    assert expected != pytest.approx(default)

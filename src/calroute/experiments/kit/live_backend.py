@@ -15,6 +15,7 @@ from pathlib import Path
 from calroute.cluster import launch
 from calroute.cluster.file import ClusterFile
 from calroute.costmodel.calibration import Calibration
+from calroute.costmodel.profiles import EngineLimits
 from calroute.costmodel.slo import PAPER, PRESETS, SloSpec, with_slo
 from calroute.errors import ConfigError
 from calroute.experiments.kit.cells import Cell, Run, SaturationQuery
@@ -36,6 +37,17 @@ def _calibrate(
     cal, _ = calibrate_cluster(cluster, budget_s, progress, cluster_path=path.parent / "cluster.yaml")
     cal.save(path)
     return cal
+
+
+# The delay a simulated router hears KV events with before a live run has measured it (the proxy's
+# measured mean on the emulated 2P+4D was 6 ms: docs/results/emulated/fidelity-prefix).
+LIVE_KV_EVENT_DELAY_S = 0.01
+
+
+def engine_limits(cluster: ClusterFile) -> EngineLimits:
+    """What the cluster's engines hold: the smallest KV capacity among them and the model length."""
+    capacity = min(e.kv_capacity_tokens for e in cluster.engines)
+    return EngineLimits(kv_capacity_tokens=capacity, max_model_len=cluster.max_model_len)
 
 
 @dataclass
@@ -114,7 +126,12 @@ class LiveBackend:
 
         q = query
         setup = self.setup_for(q.prefill, q.decode)
-        sim = SimBackend(profile_from_calibration(setup.calibration)).saturation(q)
+        # the simulator configured as the live router is: the engines' limits, the proxy's KV-event source
+        sim = SimBackend(
+            profile_from_calibration(setup.calibration, engine_limits(setup.cluster)),
+            prefix_source="precise",
+            kv_event_delay_s=LIVE_KV_EVENT_DELAY_S,
+        ).saturation(q)
         if self.saturation == "sim":
             self.progress(
                 f"  saturation on the simulator calibrated to this cluster: {sim.rate_rps:.2f} req/s"

@@ -250,13 +250,22 @@ def run_sim(item: SimRun) -> Run:
 class SimSaturation:
     profile: HardwareProfile
     query: SaturationQuery
+    prefix_source: str = "approximate"
+    kv_event_delay_s: float = 0.01
 
 
 def saturate_sim(item: SimSaturation, executor: Executor | None = None) -> SaturationResult:
     """A saturation search on the simulator; with ``executor``, each probe's seeds run on it."""
     q = item.query
     return saturate(
-        sim_setup(item.profile, q.prefill, q.decode, Variant(q.policy, q.policy, dict(q.params))),
+        sim_setup(
+            item.profile,
+            q.prefill,
+            q.decode,
+            Variant(q.policy, q.policy, dict(q.params)),
+            item.prefix_source,
+            item.kv_event_delay_s,
+        ),
         workload_source(q.workload, q.requests, trace_windows=q.trace_windows),
         target=q.target,
         reference_policy=q.policy,
@@ -303,8 +312,15 @@ class SimBackend:
         return self.saturation(query).rate_rps
 
     def saturation(self, q: SaturationQuery) -> SaturationResult:
-        item = SimSaturation(self.profile, replace(q, workload=portable_workload(q.workload)))
-        return saturate_sim(item, self.executor)
+        return saturate_sim(self._saturation_item(q), self.executor)
+
+    def _saturation_item(self, q: SaturationQuery) -> SimSaturation:
+        return SimSaturation(
+            self.profile,
+            replace(q, workload=portable_workload(q.workload)),
+            self.prefix_source,
+            self.kv_event_delay_s,
+        )
 
     def saturation_rates(
         self,
@@ -320,9 +336,7 @@ class SimBackend:
                 rates.append(self.saturation_rate(q))
                 on_rate(q, rates[-1])
             return rates
-        items = [
-            SimSaturation(self.profile, replace(q, workload=portable_workload(q.workload))) for q in queries
-        ]
+        items = [self._saturation_item(q) for q in queries]
         return self.executor.map(
             saturation_rate_sim, items, on_result=lambda i, rate: on_rate(queries[i], rate)
         )
