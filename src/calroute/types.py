@@ -122,7 +122,8 @@ class InstanceState(SlottedValue):
     The engine's active sequences, from the ledger (as NVIDIA Dynamo's KV router tracks them): the requests
     admitted to a prefill engine whose prefill is not done, to a decode engine that are not done.
     ``pending_prefill_tokens``: their prompt tokens the prefill engine must still compute (less those the
-    prefix index expected it to hold; 0 on decode engines); ``active_tokens``: their prompt tokens, each
+    prefix index expected it to hold; on a decode engine, those of the requests it prefills itself, local
+    ones, RouteDecision.local); ``active_tokens``: their prompt tokens, each
     sequence counted whole. Only for a policy that reads active blocks (``reads_active_blocks``, else 0):
     ``active_shared_tokens``, the tokens of the blocks two or more of them hold, counted past their first
     holder (``active_tokens - active_shared_tokens`` counts each block once), and ``active_overlap_tokens``,
@@ -209,9 +210,16 @@ class ClusterView(SlottedValue):
 
 
 class RouteDecision(SlottedValue):
-    """The chosen pair, and the per-candidate scores behind it when the policy has any (lower is better)."""
+    """The chosen pair, and the per-candidate scores behind it when the policy has any (lower is better).
 
-    _fields = ("prefill_id", "decode_id", "prefill_scores", "decode_scores")
+    ``local``: the decode engine prefills the prompt itself, in its own steps and on its own prefix cache (no
+    prefill engine, no KV transfer; vLLM serves a request without ``kv_transfer_params`` so); ``prefill_id``
+    is then the decode engine's id, so that whoever reads "the engine that prefilled" finds it. ``reason``:
+    why the path was taken, a short code the policy or decider names (empty: the policy always
+    disaggregates, nothing was decided).
+    """
+
+    _fields = ("prefill_id", "decode_id", "prefill_scores", "decode_scores", "local", "reason")
     __slots__ = _fields
 
     def __init__(
@@ -220,11 +228,22 @@ class RouteDecision(SlottedValue):
         decode_id: str,
         prefill_scores: tuple[float, ...] = (),
         decode_scores: tuple[float, ...] = (),
+        local: bool = False,
+        reason: str = "",
     ) -> None:
+        if local and prefill_id != decode_id:
+            raise ValueError(f"a local decision prefills on its decode engine: {prefill_id} != {decode_id}")
         self.prefill_id: Final = prefill_id
         self.decode_id: Final = decode_id
         self.prefill_scores: Final = prefill_scores
         self.decode_scores: Final = decode_scores
+        self.local: Final = local
+        self.reason: Final = reason
+
+
+def local_decision(decode_id: str, reason: str, decode_scores: tuple[float, ...] = ()) -> RouteDecision:
+    """The decode engine ``decode_id`` alone: it prefills the prompt itself (RouteDecision.local)."""
+    return RouteDecision(decode_id, decode_id, (), decode_scores, True, reason)
 
 
 class RequestStatus(StrEnum):

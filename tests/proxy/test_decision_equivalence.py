@@ -57,7 +57,7 @@ def test_live_decisions_replay_identically(
     simulator_side = make_policy(policy, {}, PROFILE.calibration)
     for adm, view, decided in views:
         d = simulator_side.route(adm, view)
-        assert (d.prefill_id, d.decode_id) == decided
+        assert (d.prefill_id, d.decode_id, d.local) == decided
 
 
 def test_simulated_decisions_replay_identically_through_the_proxy(
@@ -94,4 +94,4 @@ def test_simulated_decisions_replay_identically_through_the_proxy(
     for line in lines:
         adm, view, decided = decision_from_json(line)
         d = proxy_side.route(adm, view)
-        assert (d.prefill_id, d.decode_id) == decided
+        assert (d.prefill_id, d.decode_id, d.local) == decided

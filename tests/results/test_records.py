@@ -39,6 +39,8 @@ records = st.builds(
     last_token_s=times,
     status=st.sampled_from(RequestStatus),
     error=st.one_of(st.none(), st.text(max_size=50)),
+    local_prefill=st.booleans(),
+    path_reason=st.sampled_from(["", "cheaper_local", "uncached_below_threshold"]),
 )
 
 
@@ -113,6 +115,7 @@ def test_writer_and_reader(tmp_path: Path) -> None:
             record_to_json(record()).replace('"ok"', '"weird"'),
             "weird",
         ),
+        (record_to_json(record()).replace('"local_prefill":false', '"local_prefill":1'), "local_prefill"),
     ],
 )
 def test_bad_lines_are_errors(line: str, message: str) -> None:

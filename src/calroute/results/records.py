@@ -41,6 +41,8 @@ RECORD_FIELDS: tuple[str, ...] = (
     "priced_prompt_tokens",
     "predicted_cached_tokens",
     "prompt_estimated",
+    "local_prefill",
+    "path_reason",
 )
 # Fields that records written before them lack; read as their defaults (priced_prompt_tokens: prompt_tokens).
 _LATER_FIELDS: Final = {
@@ -48,6 +50,8 @@ _LATER_FIELDS: Final = {
     "priced_prompt_tokens": None,
     "predicted_cached_tokens": 0,
     "prompt_estimated": False,
+    "local_prefill": False,
+    "path_reason": "",
 }
 
 
@@ -84,6 +88,10 @@ class RequestRecord(SlottedValue):
         priced_prompt_tokens: int | None = None,
         predicted_cached_tokens: int = 0,
         prompt_estimated: bool = False,
+        # The path: the decode engine prefilled the prompt itself (prefill_id is then decode_id), and why
+        # the router chose the path it did (RouteDecision.reason; empty: it always disaggregates).
+        local_prefill: bool = False,
+        path_reason: str = "",
     ) -> None:
         self.request_id: Final = request_id
         self.slo_class: Final = slo_class
@@ -106,6 +114,8 @@ class RequestRecord(SlottedValue):
         )
         self.predicted_cached_tokens: Final = predicted_cached_tokens
         self.prompt_estimated: Final = prompt_estimated
+        self.local_prefill: Final = local_prefill
+        self.path_reason: Final = path_reason
 
     @property
     def ttft_s(self) -> float | None:
@@ -218,7 +228,9 @@ def _line(rec: RequestRecord, memo: dict[str, str]) -> str:
         f'"error":{"null" if err is None else _quote(err)},"cached_tokens":{rec.cached_tokens},'
         f'"priced_prompt_tokens":{rec.priced_prompt_tokens},'
         f'"predicted_cached_tokens":{rec.predicted_cached_tokens},'
-        f'"prompt_estimated":{"true" if rec.prompt_estimated else "false"}}}\n'
+        f'"prompt_estimated":{"true" if rec.prompt_estimated else "false"},'
+        f'"local_prefill":{"true" if rec.local_prefill else "false"},'
+        f'"path_reason":{_memo_quote(rec.path_reason, memo)}}}\n'
     )
 
 
@@ -227,9 +239,9 @@ def record_to_json(rec: RequestRecord) -> str:
     return _line(rec, {})[:-1]
 
 
-def _bool(value: object) -> bool:
+def _bool(value: object, name: str) -> bool:
     if not isinstance(value, bool):
-        raise ValueError(f"prompt_estimated must be true or false, got {value!r}")
+        raise ValueError(f"{name} must be true or false, got {value!r}")
     return value
 
 
@@ -258,7 +270,9 @@ def record_from_json(line: str) -> RequestRecord:
             cached_tokens=int(d.get("cached_tokens", 0)),
             priced_prompt_tokens=None if (priced := d.get("priced_prompt_tokens")) is None else int(priced),
             predicted_cached_tokens=int(d.get("predicted_cached_tokens", 0)),
-            prompt_estimated=_bool(d.get("prompt_estimated", False)),
+            prompt_estimated=_bool(d.get("prompt_estimated", False), "prompt_estimated"),
+            local_prefill=_bool(d.get("local_prefill", False), "local_prefill"),
+            path_reason=str(d.get("path_reason", "")),
         )
     except (ValueError, TypeError, KeyError) as e:
         raise ConfigError(f"bad request record {line[:200]!r}: {e}") from e

@@ -31,7 +31,12 @@ def decision_to_json(adm: Admission, view: ClusterView, decision: RouteDecision)
                 "prefill": [_state(s) for s in view.prefill],
                 "decode": [_state(s) for s in view.decode],
             },
-            "decision": {"prefill_id": decision.prefill_id, "decode_id": decision.decode_id},
+            "decision": {
+                "prefill_id": decision.prefill_id,
+                "decode_id": decision.decode_id,
+                "local": decision.local,
+                "reason": decision.reason,
+            },
         },
         separators=(",", ":"),
     )
@@ -44,7 +49,8 @@ def _from_state(d: dict[str, Any]) -> InstanceState:
     )
 
 
-def decision_from_json(line: str) -> tuple[Admission, ClusterView, tuple[str, str]]:
+def decision_from_json(line: str) -> tuple[Admission, ClusterView, tuple[str, str, bool]]:
+    """The admission, the view, and the decision as (prefill id, decode id, local)."""
     d = json.loads(line)
     a = d["admission"]
     v = d["view"]
@@ -57,7 +63,8 @@ def decision_from_json(line: str) -> tuple[Admission, ClusterView, tuple[str, st
         tuple(_from_state(s) for s in v["prefill"]),
         tuple(_from_state(s) for s in v["decode"]),
     )
-    return adm, view, (d["decision"]["prefill_id"], d["decision"]["decode_id"])
+    out = d["decision"]
+    return adm, view, (out["prefill_id"], out["decode_id"], bool(out.get("local", False)))
 
 
 class DecisionLog:

@@ -69,6 +69,8 @@ class _Book:
     kv_committed_tokens: int = 0
     # prompt tokens of the active sequences (prefill: admitted, prefill not done; decode: admitted, not done)
     active_tokens: int = 0
+    # decode only: prompt tokens of requests it prefills itself (local), admitted and not yet prefilled
+    local_prefill_tokens: int = 0
     # prefill only: busy-time accounting.
     busy_s: float = 0.0
     last_event_s: float = 0.0
@@ -163,6 +165,7 @@ class _Entry:
         "first_token_s",
         "blocks",
         "tracked",
+        "local",
     )
 
     def __init__(
@@ -173,6 +176,7 @@ class _Entry:
         prompt_tokens: int,
         prefill_tokens: int,
         predicted_output_tokens: int,
+        local: bool,
     ) -> None:
         self.key = key
         self.prefill = prefill
@@ -184,6 +188,7 @@ class _Entry:
         self.first_token_s = 0.0
         self.blocks: list[int] = []  # its prompt blocks, where active blocks are tracked
         self.tracked: ActiveBlocks | None = None  # the structure they were counted in
+        self.local = local  # prefilled by its decode engine (prefill is decode)
 
 
 class Ledger:
@@ -243,12 +248,20 @@ class Ledger:
         now_s: float,
         cached_tokens: int = 0,
         blocks: Sequence[int] = (),
+        local: bool = False,
     ) -> None:
         """``cached_tokens``: of the prompt, how many the router expects the prefill engine to hold, so that
         it computes only the rest. Backlog and observed rates count computed tokens; KV counts the prompt.
-        ``blocks``: the prompt's blocks (all of them are read, where active blocks are tracked)."""
+        ``blocks``: the prompt's blocks (all of them are read, where active blocks are tracked). ``local``:
+        the decode engine prefills it (``prefill_id == decode_id``): its computed prompt tokens are the
+        engine's ``local_prefill_tokens`` until its prefill is done, and it is one request there, not two."""
         if request_id in self._entries:
             raise ConfigError(f"request {request_id!r} is already in flight")
+        if local:
+            self._admit_local(
+                request_id, decode_id, prompt_tokens, predicted_output_tokens, cached_tokens, blocks
+            )
+            return
         pre = self._books[prefill_id]
         dec = self._books[decode_id]
         self._account_busy(pre, now_s)
@@ -261,7 +274,7 @@ class Ledger:
         dec.kv_committed_tokens += prompt_tokens + predicted_output_tokens
         pre.active_tokens += prompt_tokens
         dec.active_tokens += prompt_tokens
-        e = _Entry(self._next_key, pre, dec, prompt_tokens, prefill_tokens, predicted_output_tokens)
+        e = _Entry(self._next_key, pre, dec, prompt_tokens, prefill_tokens, predicted_output_tokens, False)
         active = self._active
         if active is not None and blocks:
             held = blocks if type(blocks) is list else list(blocks)
@@ -273,9 +286,42 @@ class Ledger:
         self._next_key += 1
         self.decisions += 1
 
+    def _admit_local(
+        self,
+        request_id: str,
+        decode_id: str,
+        prompt_tokens: int,
+        predicted_output_tokens: int,
+        cached_tokens: int,
+        blocks: Sequence[int],
+    ) -> None:
+        dec = self._books[decode_id]
+        if not dec.decode:
+            raise ConfigError(f"a local prefill runs on a decode engine, {decode_id!r} is not one")
+        prefill_tokens = prompt_tokens - cached_tokens if cached_tokens < prompt_tokens else 0
+        dec.in_flight += 1
+        dec.local_prefill_tokens += prefill_tokens
+        dec.pending_tokens += predicted_output_tokens
+        dec.kv_committed_tokens += prompt_tokens + predicted_output_tokens
+        dec.active_tokens += prompt_tokens
+        e = _Entry(self._next_key, dec, dec, prompt_tokens, prefill_tokens, predicted_output_tokens, True)
+        active = self._active
+        if active is not None and blocks:
+            held = blocks if type(blocks) is list else list(blocks)
+            active.acquire(decode_id, held)
+            e.blocks = held
+            e.tracked = active
+        self._entries[request_id] = e
+        self._next_key += 1
+        self.decisions += 1
+
     def prefill_done(self, request_id: str, now_s: float) -> None:
         e = self._entries[request_id]
         if e.phase != 0:
+            return
+        if e.local:
+            e.decode.local_prefill_tokens -= e.prefill_tokens
+            e.phase = 1
             return
         pre = e.prefill
         self._account_busy(pre, now_s)
@@ -296,7 +342,8 @@ class Ledger:
             self.prefill_done(request_id, now_s)
         if e.phase != 1:
             return
-        e.prefill.kv_committed_tokens -= e.prompt_tokens  # the decode engine has pulled the KV
+        if not e.local:
+            e.prefill.kv_committed_tokens -= e.prompt_tokens  # the decode engine has pulled the KV
         dec = e.decode
         dec.pending_tokens -= e.predicted_output_tokens
         expiry = now_s + (e.predicted_output_tokens - 1) * self._rate_s(dec)
@@ -311,6 +358,9 @@ class Ledger:
         """The request ended (``ok`` False: failed or cancelled, and its timings teach nothing)."""
         e = self._entries.pop(request_id)
         pre, dec = e.prefill, e.decode
+        if e.local:
+            self._done_local(e, now_s, output_tokens, ok)
+            return
         if e.phase == 0:
             self._account_busy(pre, now_s)
             pre.in_flight -= 1
@@ -325,15 +375,33 @@ class Ledger:
             pre.kv_committed_tokens -= e.prompt_tokens
             dec.pending_tokens -= e.predicted_output_tokens
         else:
-            expiry = dec.active.pop(e.key, None)
-            if expiry is not None:
-                dec.expiry_sum_s = dec.expiry_sum_s - expiry if dec.active else 0.0
-            if ok and output_tokens >= 2:
-                tpot = (now_s - e.first_token_s) / (output_tokens - 1)
-                dec.rate.add(tpot, 1.0)
-                dec.pool_rate.add(tpot, 1.0)
+            self._retire_started(dec, e, now_s, output_tokens, ok)
         dec.in_flight -= 1
         dec.kv_committed_tokens -= e.prompt_tokens + e.predicted_output_tokens
+
+    def _done_local(self, e: _Entry, now_s: float, output_tokens: int, ok: bool) -> None:
+        dec = e.decode
+        if e.phase == 0:
+            dec.local_prefill_tokens -= e.prefill_tokens
+        if e.tracked is not None:
+            e.tracked.release(dec.spec.instance_id, e.blocks)
+        dec.active_tokens -= e.prompt_tokens
+        if e.phase < 2:
+            dec.pending_tokens -= e.predicted_output_tokens
+        else:
+            self._retire_started(dec, e, now_s, output_tokens, ok)
+        dec.in_flight -= 1
+        dec.kv_committed_tokens -= e.prompt_tokens + e.predicted_output_tokens
+
+    def _retire_started(self, dec: _Book, e: _Entry, now_s: float, output_tokens: int, ok: bool) -> None:
+        """A started request leaves its decode engine: its expiry goes, its TPOT teaches the rate."""
+        expiry = dec.active.pop(e.key, None)
+        if expiry is not None:
+            dec.expiry_sum_s = dec.expiry_sum_s - expiry if dec.active else 0.0
+        if ok and output_tokens >= 2:
+            tpot = (now_s - e.first_token_s) / (output_tokens - 1)
+            dec.rate.add(tpot, 1.0)
+            dec.pool_rate.add(tpot, 1.0)
 
     def set_healthy(self, instance_id: str, healthy: bool) -> None:
         self._books[instance_id].healthy = healthy
@@ -432,7 +500,7 @@ class Ledger:
                     _INF if b.sampled_at_s is None else now_s - b.sampled_at_s,
                     cached_tokens.get(iid, 0) if cached_tokens else 0,
                     reuse[iid] if reuse is not None else 0.0,
-                    0 if b.decode else pending,
+                    b.local_prefill_tokens if b.decode else pending,
                     b.active_tokens,
                     shared[iid] if shared is not None else 0,
                     overlap.get(iid, 0) if overlap else 0,

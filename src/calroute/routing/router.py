@@ -202,16 +202,20 @@ class Router:
             now_s,
             match.get(decision.prefill_id, 0) if match else 0,
             prefix_blocks,
+            decision.local,
         )
         index = self.prefix
         if index is not None and prefix_blocks and self.record_placements:
-            index.placed(decision.prefill_id, prefix_blocks)
+            if not decision.local:
+                index.placed(decision.prefill_id, prefix_blocks)
             index.placed(decision.decode_id, prefix_blocks)
         own = self._own_index
         if own is not None and prefix_blocks:
-            own.placed(decision.prefill_id, prefix_blocks)
+            if not decision.local:
+                own.placed(decision.prefill_id, prefix_blocks)
             own.placed(decision.decode_id, prefix_blocks)
-        if self.online is not None:
+        if self.online is not None and not decision.local:
+            # a local prefill runs in decode steps: it says nothing of a prefill engine's rate
             pre = next(s for s in d.view.prefill if s.instance_id == decision.prefill_id)
             self._tracked[request_id] = _Tracked(
                 decision.prefill_id, decision.decode_id, now_s, pre.in_flight == 0
