@@ -21,6 +21,7 @@ MARGINAL_COST_TUNABLE = [
     "sigma_tight",
     "sigma_loose",
     "w_evict",
+    "w_local",
 ]
 
 

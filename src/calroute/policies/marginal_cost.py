@@ -56,6 +56,20 @@ ratio for p (the share of p's recent evictions that a later request sent to p as
 the term vanishes; where prefixes recur, it keeps each prefix where it is instead of copying it to every
 engine, which the request's own saving alone did not (docs/prefix.md has what it measured).
 
+Local prefill (``local_prefill``, off by default: issue 37, docs/local-prefill.md): every request can also
+go to a decode engine alone, which prefills the prompt in its own steps (RouteDecision.local). Its price on
+decode candidate d, in the same seconds as the remote path's:
+
+    cost_local(d) = cost_dec(d) without the pull
+                    + sigma * (w_b * ahead(d) + w_s * compute(d) * tau_pre (+ the eviction price at d))
+                    + w_local * compute(d) * tau_pre * queue(d)
+
+with compute(d) = prompt - cached(d) (the decode engine's own cache: a conversation's previous turn it
+decoded) and ahead(d) the local prefills queued there (the ledger's pending prefill tokens). The last term is
+the delay the prefill adds to every stream running there, which a prefill engine spares them. The remote
+path costs cost_pre(p*) + cost_dec(d*) + the pull; the cheaper path is taken (reason ``cheaper_local`` or
+``cheaper_remote``).
+
 Feature switches remove one admission-time feature at a time (the paper's ablation, section V-G):
 use_output_length=False prices every request at ``fallback_output_tokens``; use_kv_pressure=False drops the
 (1 + rho * press) factor; use_slo=False sets sigma to 1 for every class; use_prompt_length=False drops the
@@ -71,7 +85,18 @@ from typing import ClassVar
 from calroute.costmodel.calibration import Calibration
 from calroute.policies.base import argmin_rotating, check, healthy
 from calroute.policies.search_space import tunable
-from calroute.types import Admission, ClusterView, PicklesByConstructor, RouteDecision, SloClass
+from calroute.types import (
+    Admission,
+    ClusterView,
+    PicklesByConstructor,
+    RouteDecision,
+    SloClass,
+    local_decision,
+)
+
+# RouteDecision.reason, with local_prefill: the path priced cheaper
+CHEAPER_LOCAL = "cheaper_local"
+CHEAPER_REMOTE = "cheaper_remote"
 
 
 @dataclass(frozen=True)
@@ -106,9 +131,15 @@ class Params(PicklesByConstructor):
     # Count a decode engine's KV as its cache holds it: the blocks its streams share once, and of the request
     # only what it does not share with them (the ledger's active blocks): see the module docstring.
     shared_kv: bool = True
+    # Price a third path for every request, its decode engine alone, prefilling the prompt in its own steps
+    # (no prefill queue, no transfer), and take it where it is cheaper: see the module docstring.
+    local_prefill: bool = False
+    # Weight of the delay a local prefill adds to each stream running on its decode engine (seconds per
+    # second of prefill per stream), as w_cobatch weighs a prefill's delay to its co-batched prompts.
+    w_local: float = field(default=1.0, metadata=tunable(0.0, 4.0))
 
     def __post_init__(self) -> None:
-        for name in ("w_b", "w_b_dec", "w_s", "w_q", "w_cobatch", "rho", "w_evict"):
+        for name in ("w_b", "w_b_dec", "w_s", "w_q", "w_cobatch", "rho", "w_evict", "w_local"):
             check(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("sigma_tight", "sigma_loose"):
             check(getattr(self, name) > 0, f"{name} must be > 0, got {getattr(self, name)}")
@@ -181,6 +212,8 @@ class MarginalCost:
         own_dec_s = w_s * o_hat * self.tau_dec_s
         footprint = prompt + o_hat
         shared = self.reads_active_blocks
+        local = pr.local_prefill
+        stay: list[float] = []  # the decode costs without the pull: a local prefill pulls nothing
         costs = []
         if pr.step_curve:
             own_tokens = w_s * o_hat
@@ -198,6 +231,8 @@ class MarginalCost:
                 cost = (
                     sigma * (w_b_dec * s.backlog_s + own_tokens * step_s * (1.0 + cliff)) + w_q * s.in_flight
                 )
+                if local:
+                    stay.append(cost)
                 if pull:
                     # the seconds to pull the prompt's KV that the candidate lacks: Calibration.transfer_s
                     # written out, the same arithmetic
@@ -217,6 +252,8 @@ class MarginalCost:
                     sigma * (w_b_dec * s.backlog_s + own_dec_s * (1.0 + rho * kv / s.kv_capacity_tokens))
                     + w_q * s.in_flight
                 )
+                if local:
+                    stay.append(cost)
                 if pull:
                     # the seconds to pull the prompt's KV that the candidate lacks: Calibration.transfer_s
                     # written out, the same arithmetic
@@ -227,4 +264,32 @@ class MarginalCost:
         dec_costs = tuple(costs)
         p = argmin_rotating(pre_costs, view.seq)
         d = argmin_rotating(dec_costs, view.seq)
-        return RouteDecision(pre[p].instance_id, dec[d].instance_id, pre_costs, dec_costs)
+        if not local:
+            return RouteDecision(pre[p].instance_id, dec[d].instance_id, pre_costs, dec_costs)
+        # The remote path's price: the prefill, the decode, and the pull, which dec_costs leave out when no
+        # candidate holds any of the prompt (a constant across them then, not across paths).
+        remote = pre_costs[p] + dec_costs[d]
+        if not pull:
+            remote += sigma_w_s * (pull_latency_s + prompt * pull_bytes / pull_bytes_per_s)
+        w_local = pr.w_local
+        costs = []
+        for i in range(len(dec)):
+            s = dec[i]
+            cached = s.cached_tokens
+            compute = prompt - cached if prefix and cached else prompt
+            if compute < 0:
+                compute = 0
+            compute_s = compute * tau_pre_s
+            own_s = w_s * compute_s
+            if prefix and s.evicted_reuse_ratio:
+                own_s += w_evict * s.evicted_reuse_ratio * compute_s
+            # behind the local prefills already queued there; every stream there waits out this one
+            ahead_s = s.pending_prefill_tokens * tau_pre_s
+            costs.append(stay[i] + sigma * (w_b * ahead_s + own_s) + w_local * compute_s * s.in_flight)
+        local_costs = tuple(costs)
+        k = argmin_rotating(local_costs, view.seq)
+        if local_costs[k] < remote:
+            return local_decision(dec[k].instance_id, CHEAPER_LOCAL, local_costs)
+        return RouteDecision(
+            pre[p].instance_id, dec[d].instance_id, pre_costs, dec_costs, False, CHEAPER_REMOTE
+        )

@@ -13,6 +13,13 @@ after which they join at the next boundary. Only the prompt's blocks that the en
 lacks are pulled (vLLM's NixlConnector asks for the tokens past the local cache hit: pull_scheduler.py
 ``get_num_new_matched_tokens``), and the pulled blocks are cached when the pull is done.
 
+A request routed here alone (RouteDecision.local) is prefilled here: admitted as above from its arrival, it
+joins at once, and the prompt past its local hit is computed in the stretch's first step, priced by the
+calibrated prefill curve's per-token and attention terms (the step's base is the decode step's), as a
+preempted request's recompute is. vLLM V1 splits such a prefill into chunks under its token budget, mixed with
+the running streams' decode steps; folded into one step, the streams lose the same time in all and emit the
+same tokens by its end, but their longest gap between two tokens is the whole prefill, not one chunk.
+
 KV in use is the engine's pool (kvcache/pool.py: the prompts, a shared block once) plus its streams' output
 tokens, counted in closed form (``_out_tokens``). The pool's free cached blocks live in the room both leave.
 """
@@ -132,7 +139,8 @@ class DecodeInstance:
     # ---- arrivals -----------------------------------------------------------------------------------
 
     def enqueue(self, req: SimRequest) -> None:
-        """A request whose prefill is done asks this engine to pull its KV and decode it."""
+        """A request whose prefill is done asks this engine to pull its KV and decode it; a local one, to
+        prefill it too."""
         self.metrics.touch(self._kernel.now_s)
         self._waiting.append(req)
         self._poke()
@@ -237,6 +245,10 @@ class DecodeInstance:
                 break
             waiting.popleft()
             req.decode_kv = rb
+            if req.local and not recompute and req.first_token_s is None:
+                # its own prompt, prefilled here: as a recompute is (below), past the local hit
+                recompute = req.prompt_tokens
+                req.cached_decode_tokens = req.cached_prefill_tokens = hit * block_tokens
             if recompute:
                 # the prompt's cached blocks are not recomputed (vLLM looks the cache up again)
                 c = self._recompute

@@ -35,6 +35,8 @@ class SimRequest:
         "prefill_done_s",
         "first_token_s",
         "last_token_s",
+        "local",
+        "path_reason",
     )
 
     def __init__(
@@ -49,6 +51,8 @@ class SimRequest:
         decode_id: str,
         prefix_blocks: tuple[int, ...] = (),
         predicted_cached_tokens: int = 0,
+        local: bool = False,
+        path_reason: str = "",
     ) -> None:
         self.request_id = request_id
         self.arrival_s = arrival_s
@@ -80,6 +84,9 @@ class SimRequest:
         self.prefill_done_s: float | None = None
         self.first_token_s: float | None = None
         self.last_token_s: float | None = None
+        # its decode engine prefills it (RouteDecision.local): no prefill engine, no pull
+        self.local = local
+        self.path_reason = path_reason  # RouteDecision.reason
 
     def __repr__(self) -> str:
         return f"SimRequest({self.request_id!r}, prefill={self.prefill_id}, decode={self.decode_id})"

@@ -242,9 +242,14 @@ class ClusterSim:
             decision.decode_id,
             prefix_blocks,
             d.match.get(decision.prefill_id, 0) if d.match else 0,
+            decision.local,
+            decision.reason,
         )
         self._in_flight += 1
-        self.prefill[decision.prefill_id].enqueue(req)
+        if decision.local:
+            self.decode[decision.decode_id].enqueue(req)
+        else:
+            self.prefill[decision.prefill_id].enqueue(req)
 
     def _admission_error(self, spec: RequestSpec) -> str | None:
         if spec.prompt_tokens < 1 or spec.output_tokens < 1:
@@ -307,13 +312,16 @@ class ClusterSim:
                 prefill_id=req.prefill_id,
                 decode_id=req.decode_id,
                 arrival_s=req.arrival_s,
-                prefill_done_s=req.prefill_done_s,
+                # a local prefill ends with the step that emits the first token
+                prefill_done_s=first_token_s if req.local else req.prefill_done_s,
                 first_token_s=first_token_s,
                 last_token_s=req.last_token_s,
                 status=RequestStatus.OK,
                 error=None,
                 cached_tokens=req.cached_prefill_tokens,
                 predicted_cached_tokens=req.predicted_cached_tokens,
+                local_prefill=req.local,
+                path_reason=req.path_reason,
             )
         )
 
