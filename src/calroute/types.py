@@ -39,6 +39,11 @@ class RequestSpec(NamedTuple):
     its block *and everything before it* (Mooncake's ``hash_ids``), so two prompts share a prefix of k
     blocks exactly when their first k ids are equal. The tokens past the last named block are the prompt's
     own. Empty: the prompt shares nothing (the paper's families, traces without block ids).
+
+    ``answer_blocks``: the ids of the blocks past ``prefix_blocks`` that the prompt and its answer fill
+    whole, as a later prompt that repeats both names them (a conversation's next turn): what an engine that
+    generated the answer holds in its cache (vLLM caches output blocks as it computes them). Empty: unknown,
+    or nothing repeats them.
     """
 
     request_id: str
@@ -47,6 +52,7 @@ class RequestSpec(NamedTuple):
     output_tokens: int
     slo_class: SloClass
     prefix_blocks: tuple[int, ...] = ()
+    answer_blocks: tuple[int, ...] = ()
 
 
 def _by_fields(cls: type[Any], values: dict[str, Any]) -> Any:

@@ -99,8 +99,8 @@ def test_a_local_prefill_computes_only_what_its_engine_lacks(
         ]
     )
     b = recs["b"]
-    assert b.cached_tokens == hit_tokens
-    assert b.first_token_s - b.arrival_s == pytest.approx(prefill_s(prompt, hit_tokens) + step_s(1, prompt))
+    assert b.cached_tokens == hit_tokens and b.ttft_s is not None
+    assert b.ttft_s == pytest.approx(prefill_s(prompt, hit_tokens) + step_s(1, prompt))
 
 
 def test_a_local_prefill_delays_the_streams_running_on_its_engine() -> None:
@@ -108,6 +108,7 @@ def test_a_local_prefill_delays_the_streams_running_on_its_engine() -> None:
     long = RequestSpec("remote-long", 0.0, 200, 2_000, SloClass.LOOSE)
     alone = run([long])["remote-long"]
     late = run([long, RequestSpec("a", 5.0, 8 * B, 2, SloClass.LOOSE)])["remote-long"]
+    assert late.last_token_s is not None and alone.last_token_s is not None
     delay = late.last_token_s - alone.last_token_s
     # the prefill's compute, and the slightly slower steps while "a" ran beside it
     assert prefill_s(8 * B) < delay < prefill_s(8 * B) + 0.05
@@ -131,3 +132,17 @@ def test_marginal_cost_with_local_prefill_keeps_a_conversation_on_its_decode_eng
     t0, t1 = sorted(records, key=lambda r: r.request_id)
     assert t1.local_prefill and t1.path_reason == "cheaper_local" and t1.decode_id == t0.decode_id
     assert t1.cached_tokens == 16 * B
+
+
+@pytest.mark.parametrize(("first", "hit_blocks"), [("a", 6), ("remote-a", 6)])
+def test_the_engine_that_decoded_an_answer_holds_it(first: str, hit_blocks: int) -> None:
+    """A conversation's next turn repeats the previous prompt and answer: the decode engine that generated
+    the answer cached its whole blocks (RequestSpec.answer_blocks), so the turn hits past the prompt."""
+    recs = run(
+        [
+            # 4 blocks of prompt + 100 tokens, then 1,000 answer tokens: 2 more whole blocks
+            RequestSpec(first, 0.0, 4 * B + 100, 1_000, SloClass.LOOSE, (1, 2, 3, 4), (5, 6)),
+            RequestSpec("b", 100.0, 7 * B + 50, 2, SloClass.LOOSE, (1, 2, 3, 4, 5, 6, 7)),
+        ]
+    )
+    assert recs["b"].cached_tokens == hit_blocks * B

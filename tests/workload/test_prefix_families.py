@@ -112,6 +112,22 @@ def test_blocks_name_every_full_block_within_limits(
         assert len(set(r.prefix_blocks)) == len(r.prefix_blocks)
 
 
+@pytest.mark.parametrize("family", ["multi-turn", "agentic"])
+def test_a_turn_repeats_the_answer_blocks_its_predecessor_named(
+    family: str, generated: dict[str, list[RequestSpec]]
+) -> None:
+    """A request's answer blocks are the whole blocks its prompt and output fill past its prompt's; the next
+    turn's prompt, which repeats both, names them next (what the engine that decoded the answer holds)."""
+    sessions = [s for s in _sessions(family, generated[family]) if len(s) > 1]
+    assert sessions
+    for session in sessions:
+        for prev, nxt in zip(session, session[1:], strict=False):
+            named = prev.prefix_blocks + prev.answer_blocks
+            assert len(named) == (prev.prompt_tokens + prev.output_tokens) // BLOCK
+            assert nxt.prefix_blocks[: len(named)] == named
+            assert not set(prev.answer_blocks) & set(prev.prefix_blocks)
+
+
 @pytest.mark.parametrize(
     ("family", "seed", "rel"),
     [("shared-prefix", 0, 0.05), ("multi-turn", 1, 0.06), ("agentic", 2, 0.06)],

@@ -204,6 +204,8 @@ class DecodeInstance:
                 req.running = False
                 req.emitted_tokens = req.output_tokens
                 req.last_token_s = now
+                if req.answer_blocks:
+                    self._cache_answer(req, len(running) * steps - self._join_sum)
                 self._free(req)
                 on_done(req)
         # 2. requests whose KV arrived join
@@ -323,6 +325,18 @@ class DecodeInstance:
         self._finish_heap.push(Entry(float(req.join_step + req.output_tokens), order))
         self._prompt_sum += req.prompt_tokens
         self._join_sum += req.join_step
+
+    def _cache_answer(self, req: SimRequest, out_tokens: int) -> None:
+        """The finished request's answer blocks, cached as vLLM caches output blocks it computed: they were
+        counted among the streams' output tokens (closed form), and become its blocks in the pool before it
+        frees them (``out_tokens``: the other streams' output tokens). Where the pool has no room for them
+        as blocks, they are not cached."""
+        rb = req.decode_kv
+        if rb is None or len(rb.held) < len(req.prefix_blocks):
+            return  # its prompt's blocks are not all cached here (a clear since): nothing chains to them
+        hashes = req.prefix_blocks + req.answer_blocks
+        if self.pool.allocate(rb, len(req.answer_blocks) * self.pool.block_tokens, out_tokens):
+            self.pool.cache(rb, hashes, len(hashes))
 
     def _free(self, req: SimRequest) -> None:
         rb = req.decode_kv

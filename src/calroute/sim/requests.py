@@ -37,6 +37,7 @@ class SimRequest:
         "last_token_s",
         "local",
         "path_reason",
+        "answer_blocks",
     )
 
     def __init__(
@@ -53,6 +54,7 @@ class SimRequest:
         predicted_cached_tokens: int = 0,
         local: bool = False,
         path_reason: str = "",
+        answer_blocks: tuple[int, ...] = (),
     ) -> None:
         self.request_id = request_id
         self.arrival_s = arrival_s
@@ -87,6 +89,7 @@ class SimRequest:
         # its decode engine prefills it (RouteDecision.local): no prefill engine, no pull
         self.local = local
         self.path_reason = path_reason  # RouteDecision.reason
+        self.answer_blocks = answer_blocks  # RequestSpec.answer_blocks: cached where it is decoded
 
     def __repr__(self) -> str:
         return f"SimRequest({self.request_id!r}, prefill={self.prefill_id}, decode={self.decode_id})"

@@ -196,7 +196,7 @@ class ClusterSim:
         now = self.kernel.now_s
         self._count += 1
         self._schedule_next_arrival()
-        request_id, arrival_s, prompt_tokens, output_tokens, slo_class, prefix_blocks = spec
+        request_id, arrival_s, prompt_tokens, output_tokens, slo_class, prefix_blocks, answer_blocks = spec
         error = None
         if prompt_tokens < 1 or output_tokens < 1 or prompt_tokens + output_tokens > self._max_request_tokens:
             error = self._admission_error(spec)
@@ -244,6 +244,7 @@ class ClusterSim:
             d.match.get(decision.prefill_id, 0) if d.match else 0,
             decision.local,
             decision.reason,
+            answer_blocks,
         )
         self._in_flight += 1
         if decision.local:

@@ -169,7 +169,8 @@ def _check_args(family: str, rate_rps: float, n_requests: int, seed: int, tight_
         raise ConfigError(f"tight_fraction must be in [0, 1], got {tight_fraction}")
 
 
-_Row = tuple[float, int, int, int, int, tuple[int, ...]]  # arrival, session, turn, prompt, output, blocks
+# arrival, session, turn, prompt, output, blocks, answer blocks
+_Row = tuple[float, int, int, int, int, tuple[int, ...], tuple[int, ...]]
 
 
 def _rows(
@@ -235,15 +236,21 @@ def _rows(
         prompt_tokens = len(blocks) * block + int(firsts.next())
         turns = int(turn_counts.next())
         t_s = start_s
+        answer: range = range(0)
         for turn in range(turns):
             output_tokens = int(outputs.next())
             if turn and prompt_tokens + output_tokens > shape.max_context_tokens:
                 break  # a first turn always fits (SessionShape checks its maxima)
+            blocks.extend(answer)  # the previous answer's whole blocks, named when it was generated
             fresh = prompt_tokens // block - len(blocks)
             blocks.extend(range(base + counter, base + counter + fresh))
             counter += fresh
+            # the blocks this prompt and its answer fill whole: the next turn's prompt repeats both
+            n_answer = (prompt_tokens + output_tokens) // block - len(blocks)
+            answer = range(base + counter, base + counter + n_answer)
+            counter += n_answer
             if t_s >= 0.0:
-                rows.append((t_s, session, turn, prompt_tokens, output_tokens, tuple(blocks)))
+                rows.append((t_s, session, turn, prompt_tokens, output_tokens, tuple(blocks), tuple(answer)))
                 heapq.heappush(pending_s, t_s)
             if turn + 1 < turns:
                 prompt_tokens += output_tokens + int(appends.next())
@@ -273,8 +280,8 @@ def generate_prefix_family(
     rows = _rows(family, rate_rps, n_requests, seed, params)
     tight = np.random.default_rng([seed, _SLO_STREAM]).random(len(rows)) < tight_fraction
     return [
-        RequestSpec(f"r{i:06d}", t_s, p, o, SloClass.TIGHT if is_tight else SloClass.LOOSE, b)
-        for i, ((t_s, _, _, p, o, b), is_tight) in enumerate(zip(rows, tight.tolist(), strict=True))
+        RequestSpec(f"r{i:06d}", t_s, p, o, SloClass.TIGHT if is_tight else SloClass.LOOSE, b, a)
+        for i, ((t_s, _, _, p, o, b, a), is_tight) in enumerate(zip(rows, tight.tolist(), strict=True))
     ]
 
 
