@@ -229,14 +229,22 @@ def parse(body: Any, chat: bool, model_name: str, max_model_len: int) -> Parsed:
 SYSTEM_FINGERPRINT = "calroute-emulator"
 
 
-def usage(prompt_tokens: int, completion_tokens: int, details: bool = True) -> dict[str, Any]:
+def usage(
+    prompt_tokens: int, completion_tokens: int, details: bool = True, cached_tokens: int | None = None
+) -> dict[str, Any]:
+    """vLLM's UsageInfo. ``cached_tokens``: the prompt tokens served from the prefix cache, reported as
+    ``prompt_tokens_details`` (vLLM with --enable-prompt-tokens-details; None: the flag is off, and a whole
+    answer says null, a stream's usage chunk nothing)."""
     u: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
     }
-    if details:
+    if cached_tokens is not None:
+        u["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    elif details:
         u["prompt_tokens_details"] = None
+    if details:
         u["completion_tokens_details"] = None
     return u
 
@@ -252,6 +260,7 @@ def full_response(
     output_ids: list[int],
     finish_reason: str | None,
     kv_transfer_params: dict[str, Any] | None,
+    cached_tokens: int | None = None,
 ) -> dict[str, Any]:
     text = tokens.decode(output_ids)
     token_ids = list(output_ids) if p.return_token_ids else None
@@ -295,7 +304,7 @@ def full_response(
         "choices": [choice],
         "service_tier": None,
         "system_fingerprint": SYSTEM_FINGERPRINT,
-        "usage": usage(len(p.prompt_ids), len(output_ids)),
+        "usage": usage(len(p.prompt_ids), len(output_ids), cached_tokens=cached_tokens),
     }
     if p.chat:
         out.update(prompt_logprobs=None, prompt_token_ids=None, prompt_text=None)
@@ -364,7 +373,12 @@ def stream_chunk(
 
 
 def usage_chunk(
-    p: Parsed, request_id: str, model: str, created: int, completion_tokens: int
+    p: Parsed,
+    request_id: str,
+    model: str,
+    created: int,
+    completion_tokens: int,
+    cached_tokens: int | None = None,
 ) -> dict[str, Any]:
     return {
         "id": completion_id(p.chat, request_id),
@@ -372,6 +386,6 @@ def usage_chunk(
         "created": created,
         "model": model,
         "choices": [],
-        "usage": usage(len(p.prompt_ids), completion_tokens, details=False),
+        "usage": usage(len(p.prompt_ids), completion_tokens, details=False, cached_tokens=cached_tokens),
         "system_fingerprint": SYSTEM_FINGERPRINT,
     }

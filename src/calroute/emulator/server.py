@@ -44,13 +44,18 @@ class EngineServer:
         faults: Faults | None = None,
         seed: int = 0,
         on_crash: Callable[[EngineServer], None] | None = None,
+        prompt_tokens_details: bool = True,
     ) -> None:
+        """``prompt_tokens_details``: usage reports the prompt tokens served from the prefix cache, as vLLM
+        does with --enable-prompt-tokens-details, which the project's real engines run with
+        (cluster/vllm.py)."""
         if stream_interval < 1:
             raise ValueError(f"stream_interval must be >= 1, got {stream_interval}")
         self.core = core
         self.model_name = model_name
         self.stream_interval = stream_interval
         self.faults = faults or Faults()
+        self.prompt_tokens_details = prompt_tokens_details
         self.metrics = EngineMetrics(core, model_name)
         core.observer = self.metrics.observe
         self._rng = random.Random(seed)
@@ -146,7 +151,7 @@ class EngineServer:
         self.core.add(req)
         try:
             if p.stream:
-                return await self._stream(request, p, req, request_id)
+                return await self._stream(request, p, req, request_id, kv)
             while not req.finished:
                 req.updated.clear()
                 await req.updated.wait()
@@ -154,15 +159,35 @@ class EngineServer:
                 return _error(api.ApiError(500, req.error, None, "InternalServerError"))
             return web.json_response(
                 api.full_response(
-                    p, request_id, self.model_name, req.output_ids, req.finish_reason, req.kv_transfer_params
+                    p,
+                    request_id,
+                    self.model_name,
+                    req.output_ids,
+                    req.finish_reason,
+                    req.kv_transfer_params,
+                    self._cached_tokens(req, kv),
                 )
             )
         finally:
             if not req.finished:
                 self.core.abort(req)  # the client went away (or we crashed): free the engine's work
 
+    def _cached_tokens(self, req: EngineRequest, kv: dict[str, Any]) -> int | None:
+        """What usage reports as served from the prefix cache (None: not reported). A decode request of
+        the handoff reports its prefill engine's hit, as vLLM's output processor does (the
+        ``remote_prefill_cached_tokens`` of its kv_transfer_params); any other, its own lookup's."""
+        if not self.prompt_tokens_details:
+            return None
+        remote = kv.get("remote_prefill_cached_tokens") if kv.get("do_remote_prefill") else None
+        return remote if isinstance(remote, int) and not isinstance(remote, bool) else req.cached_tokens
+
     async def _stream(
-        self, request: web.Request, p: api.Parsed, req: EngineRequest, request_id: str
+        self,
+        request: web.Request,
+        p: api.Parsed,
+        req: EngineRequest,
+        request_id: str,
+        kv: dict[str, Any],
     ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
@@ -191,7 +216,10 @@ class EngineServer:
                 await resp.write(api.sse(chunk))
             if req.finished:
                 if p.include_usage:
-                    await resp.write(api.sse(api.usage_chunk(p, request_id, self.model_name, created, n)))
+                    chunk = api.usage_chunk(
+                        p, request_id, self.model_name, created, n, self._cached_tokens(req, kv)
+                    )
+                    await resp.write(api.sse(chunk))
                 break
         await resp.write(api.sse("[DONE]"))
         await resp.write_eof()
