@@ -12,6 +12,7 @@ from calroute.experiments.frontier import Frontier
 from calroute.experiments.headroom import Headroom
 from calroute.experiments.heterogeneity import Heterogeneity
 from calroute.experiments.kit.cells import Experiment
+from calroute.experiments.local_prefill import LocalPrefill
 from calroute.experiments.mixed_bursty import MixedBursty
 from calroute.experiments.noise import Noise
 from calroute.experiments.prefix import PrefixReuse
@@ -35,14 +36,15 @@ EXPERIMENTS: dict[str, Experiment] = {
         PrefixReuse(),
         Headroom(),
         TunedCheck(),
+        LocalPrefill(),
     )
 }
 
 
-# What `calroute experiment all` runs: the paper's experiments. The others run by name: prefix, and the
-# tuning's headroom and live check, which read the tuned parameters in docs/results/tuning.
+# What `calroute experiment all` runs: the paper's experiments. The others run by name: prefix, local
+# prefill, and the tuning's headroom and live check, which read the tuned parameters in docs/results/tuning.
 PAPER_EXPERIMENTS: tuple[str, ...] = tuple(
-    name for name in EXPERIMENTS if name not in ("prefix", "headroom", "tuned")
+    name for name in EXPERIMENTS if name not in ("prefix", "local-prefill", "headroom", "tuned")
 )
 
 

@@ -32,6 +32,7 @@ class RunSummary(PicklesByConstructor):
     good_rps: float
     status_counts: dict[str, int]
     prefix_hit_ratio: float = 0.0
+    local_share: float = 0.0  # of the requests, those their decode engine prefilled (RouteDecision.local)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -77,9 +78,12 @@ class SummaryAccumulator:
         self._last_event_s = 0.0
         self._prompt_tokens = 0  # of completed requests
         self._cached_tokens = 0
+        self._local = 0
 
     def add(self, rec: RequestRecord) -> None:
         self._requests += 1
+        if rec.local_prefill:
+            self._local += 1
         if rec.status is RequestStatus.OK:
             self._ok += 1
         else:
@@ -118,6 +122,7 @@ class SummaryAccumulator:
             good_rps=self._good / duration if duration > 0 else 0.0,
             status_counts=dict(sorted(counts.items())),
             prefix_hit_ratio=self._cached_tokens / self._prompt_tokens if self._prompt_tokens else 0.0,
+            local_share=self._local / n if n else 0.0,
         )
 
 

@@ -41,8 +41,10 @@ class ClusterShape(PicklesByConstructor):
     decode: int
 
     def __post_init__(self) -> None:
-        if self.prefill < 1 or self.decode < 1:
-            raise ConfigError(f"a cluster needs at least 1 prefill and 1 decode instance, got {self}")
+        # No prefill instance: an aggregated cluster, whose policy keeps every prefill local
+        # (policies/aggregated.py); a policy that disaggregates fails on it with a clear error.
+        if self.prefill < 0 or self.decode < 1:
+            raise ConfigError(f"a cluster needs 1 decode instance or more, 0 prefill or more, got {self}")
 
     def instances(self, kv_capacity_tokens: int) -> list[InstanceSpec]:
         return [
