@@ -120,3 +120,13 @@ def test_admissible_goodput_counts_the_inadmissible_apart() -> None:
     s = RunSummary(10, 8, 6, 0.6, None, None, None, None, 1.0, 6.0, {"ok": 8, "rejected": 2})
     assert s.inadmissible == 2 and s.admissible_goodput == 6 / 8
     assert _replace(s, status_counts={"ok": 10}).admissible_goodput == 0.6
+
+
+def test_the_share_kept_local_counts_every_request_its_decode_engine_prefilled() -> None:
+    from calroute.results.tables import RunRow, markdown_table
+
+    local = rec(0.1, 0.01).replace(local_prefill=True, prefill_id="d0", path_reason="cheaper_local")
+    s = summarize([local, rec(0.1, 0.01), local.replace(status=RequestStatus.FAILED), rec(0.1, 0.01)], SLO)
+    assert s.local_share == 0.5
+    assert "| kept local |" in markdown_table([RunRow("p", 0, s)])
+    assert "kept local" not in markdown_table([RunRow("p", 0, summarize([rec(0.1, 0.01)], SLO))])

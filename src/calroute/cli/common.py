@@ -117,6 +117,9 @@ def print_table(runs: Sequence[Run], title: str) -> None:
         table.add_column(col, justify="right", no_wrap=True)
     if hits:
         table.add_column("prefix hits", justify="right", no_wrap=True)
+    local = any(p.local_share > 0 for p in policies)
+    if local:
+        table.add_column("local", justify="right", no_wrap=True)
     best = max(p.mean_goodput for p in policies)
     for p in policies:
         mean = f"{p.mean_goodput:.3f}"
@@ -130,6 +133,7 @@ def print_table(runs: Sequence[Run], title: str) -> None:
             "-" if p.tpot_p99_s is None else f"{p.tpot_p99_s:.4f}",
             "-" if diff is None else diff.describe(),
             *([f"{p.prefix_hit_ratio:.3f}"] if hits else []),
+            *([f"{100 * p.local_share:.0f} %"] if local else []),
         )
     out.print(table)
 

@@ -26,6 +26,7 @@ class PolicyRow:
     ttft_p99_s: float | None  # mean over seeds
     tpot_p99_s: float | None
     prefix_hit_ratio: float = 0.0  # mean over seeds
+    local_share: float = 0.0  # of its requests, those prefilled on their decode engine; mean over seeds
 
 
 def _mean(xs: Sequence[float | None]) -> float | None:
@@ -48,6 +49,7 @@ def by_policy(rows: Sequence[RunRow]) -> list[PolicyRow]:
                 ttft_p99_s=_mean([r.summary.ttft_p99_s for r in mine]),
                 tpot_p99_s=_mean([r.summary.tpot_p99_s for r in mine]),
                 prefix_hit_ratio=statistics.fmean(r.summary.prefix_hit_ratio for r in mine),
+                local_share=statistics.fmean(r.summary.local_share for r in mine),
             )
         )
     return out
@@ -79,6 +81,9 @@ def markdown_table(rows: Sequence[RunRow]) -> str:
     head.append(f"goodput - {ref.policy}, paired, 95 % CI")
     if hits:
         head.append("prefix hit ratio")
+    local = any(p.local_share > 0 for p in policies)
+    if local:
+        head.append("kept local")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for p in policies:
         mean = _fmt(p.mean_goodput)
@@ -96,5 +101,7 @@ def markdown_table(rows: Sequence[RunRow]) -> str:
         cells.append("-" if diff is None else diff.describe())
         if hits:
             cells.append(_fmt(p.prefix_hit_ratio))
+        if local:
+            cells.append(f"{100 * p.local_share:.0f} %")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
