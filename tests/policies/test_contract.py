@@ -21,7 +21,8 @@ def test_picks_a_healthy_member_of_each_pool(name: str, calibration: Calibration
     )
     for seq in range(50):
         d = policy.route(make_admission(), view.replace(seq=seq))
-        assert d.prefill_id in {"prefill-1", "prefill-2"}
+        # a local decision leaves the prompt to its decode engine, named as the engine that prefills
+        assert d.prefill_id in ({d.decode_id} if d.local else {"prefill-1", "prefill-2"})
         assert d.decode_id in {"decode-0", "decode-2", "decode-3"}
 
 
@@ -36,11 +37,18 @@ def test_is_a_pure_function_of_admission_and_view(name: str, calibration: Calibr
     assert b.route(adm, view) == first
 
 
+# Policies that keep every prefill on its decode engine, which need no prefill pool (an aggregated cluster)
+NO_PREFILL_POOL = {"aggregated"}
+
+
 @pytest.mark.parametrize("name", ALL)
 def test_empty_pool_is_an_error(name: str, calibration: Calibration) -> None:
     policy = make_policy(name, {}, calibration)
     with pytest.raises(NoCandidateError, match="decode"):
         policy.route(make_admission(), make_view(decode=[{"healthy": False}]))
+    if name in NO_PREFILL_POOL:
+        assert policy.route(make_admission(), make_view(prefill=0)).local
+        return
     with pytest.raises(NoCandidateError, match="prefill"):
         policy.route(make_admission(), make_view(prefill=0))
 

@@ -12,12 +12,16 @@ from typing import Any
 from calroute.costmodel.calibration import Calibration
 from calroute.errors import ConfigError
 from calroute.policies import (
+    aggregated,
     cache_aware,
     clairvoyant,
     kv_overlap_cost,
     least_loaded,
     length_heuristic,
     marginal_cost,
+    pd_dynamo,
+    pd_llmd,
+    pd_vllm_router,
     power_of_two,
     prefix_scorer_mix,
     queue_kv,
@@ -60,6 +64,12 @@ POLICIES: dict[str, Registered] = {
         Registered(prefix_scorer_mix.PrefixScorerMix, prefix_scorer_mix.Params),
         Registered(kv_overlap_cost.KvOverlapCost, kv_overlap_cost.Params),
         Registered(cache_aware.CacheAware, cache_aware.Params),
+        # conditional disaggregation, the peers' deciders around an inner policy, which may be priced
+        # (docs/policies.md); and never disaggregating
+        Registered(pd_llmd.PdLlmd, pd_llmd.Params, priced=True),
+        Registered(pd_dynamo.PdDynamo, pd_dynamo.Params, priced=True),
+        Registered(pd_vllm_router.PdVllmRouter, pd_vllm_router.Params, priced=True),
+        Registered(aggregated.Aggregated, aggregated.Params, priced=True),
         # marginal_cost fed the truth (simulator only): perfect inputs to its prices, not a bound
         Registered(clairvoyant.Clairvoyant, marginal_cost.Params, priced=True),
     )
