@@ -116,6 +116,15 @@ class Flight:
     # A prefill engine holds this request's KV for this decode engine, which has not taken it yet: the KV
     # params to release it with if the client leaves now (generate.py, "release").
     handoff: tuple[str, dict[str, Any]] | None = None
+    # The path of the current attempt: its decode engine prefills the prompt itself (RouteDecision.local;
+    # prefill_id is then decode_id), and why the router chose the path (RouteDecision.reason).
+    local: bool = False
+    path_reason: str = ""
+
+    @property
+    def hop(self) -> str:
+        """The phase a failure of its decode engine's leg is counted under: "local" or "decode"."""
+        return "local" if self.local else "decode"
 
     def record(self, policy: str, status: RequestStatus, error: str | None) -> RequestRecord:
         return RequestRecord(
@@ -138,6 +147,8 @@ class Flight:
             priced_prompt_tokens=self.priced_prompt_tokens,
             predicted_cached_tokens=self.predicted_cached_tokens,
             prompt_estimated=self.prompt_estimated,
+            local_prefill=self.local,
+            path_reason=self.path_reason,
         )
 
 

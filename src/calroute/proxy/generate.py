@@ -3,9 +3,13 @@
 Per request: validate, classify (SLO header), estimate the prompt length, let the router (the simulator's
 policy, predictor and ledger) pick the pair, prefill with ``max_tokens=1`` and ``do_remote_decode``, then
 decode with the returned ``kv_transfer_params``, relaying the decode engine's answer (SSE passes through).
+A local decision (RouteDecision.local) skips the prefill engine: the decode engine gets the client's body
+without ``kv_transfer_params`` and prefills the prompt itself, as vLLM's kv_both engine serves such a
+request; its answer is relayed as any decode's, and the prefill ends with the first token.
 A failed prefill is retried on another prefill engine; a decode that fails before any output is retried on
-another decode engine with a fresh prefill (transfer params are never reused). Engine 4xx answers go back
-to the client and never count against the engine. Every admitted request ends in exactly one record.
+another decode engine with a fresh prefill (transfer params are never reused), and a local attempt so too,
+on whichever path the router then decides. Engine 4xx answers go back to the client and never count against
+the engine. Every admitted request ends in exactly one record.
 
 Engines are not trusted: every answer is read up to its cap (AnswerLimits.max_answer_bytes whole,
 max_event_bytes an SSE event), and one over it or misframed is an engine failure like a 5xx, counted in
@@ -65,6 +69,12 @@ def _failed(engine_id: str, phase: str, e: BaseException) -> EngineFailed:
 def _status_failed(engine_id: str, phase: str, status: int) -> EngineFailed:
     """A 5xx, or a 3xx: the proxy follows no redirect, nor hands an engine's on to the client."""
     return EngineFailed(engine_id, phase, f"HTTP {status}", "status" if status < 400 else None)
+
+
+def _engine_name(engine_id: str, phase: str) -> str:
+    """The engine as logs and records name it, by the phase it failed in ("local": a decode engine
+    prefilling the prompt itself)."""
+    return f"decode engine {engine_id} (local prefill)" if phase == "local" else f"{phase} engine {engine_id}"
 
 
 class Generation:
@@ -211,17 +221,26 @@ class Generation:
                     f, 503, f"no engine can serve the request: {e}", "ServiceUnavailable"
                 )
             self.metrics.decision.observe(time.perf_counter() - started)
+            route = d.route
             f.admitted, f.predicted = True, d.admission.predicted_output_tokens
-            f.prefill_id, f.decode_id = d.route.prefill_id, d.route.decode_id
-            f.predicted_cached_tokens = d.match.get(d.route.prefill_id, 0)
+            f.prefill_id, f.decode_id = route.prefill_id, route.decode_id
+            f.local, f.path_reason = route.local, route.reason
+            self.metrics.route_paths.labels(
+                self.policy_name, "local" if route.local else "remote", route.reason
+            ).inc()
+            # the hit expected on the engine that prefills (on the local path prefill_id is the decode engine)
+            f.predicted_cached_tokens = d.match.get(route.prefill_id, 0)
+            f.cached_tokens = 0
             f.prefill_done_s = f.first_token_s = f.last_token_s = None
             try:
+                if route.local:
+                    return await self._decode(request, body, path, f, None)
                 kv, client_error = await self._prefill(body, path, f)
                 if client_error is not None:
                     return client_error
                 return await self._decode(request, body, path, f, kv)
             except EngineFailed as e:
-                last_error = f"{e.phase} engine {e.engine_id}: {e}"
+                last_error = f"{_engine_name(e.engine_id, e.phase)}: {e}"
                 self._engine_failed(e.engine_id, e.phase, str(e), e.kind, f)
                 self.metrics.retries.labels(e.phase).inc()
                 self.router.done(f.request_id, f.prompt_tokens, 0, self.now(), ok=False)
@@ -245,9 +264,8 @@ class Generation:
         if kind is not None:
             self.metrics.engine_protocol_errors.labels(engine_id, kind).inc()
             logger.warning(
-                "%s engine %s answered request %s unreadably (%s): %s",
-                phase,
-                engine_id,
+                "%s answered request %s unreadably (%s): %s",
+                _engine_name(engine_id, phase),
                 f.request_id,
                 kind,
                 reason,
@@ -309,25 +327,53 @@ class Generation:
                 f.prefill_id, "prefill", f"unreadable prefill response: {str(e)[:200]}", "unreadable"
             ) from e
         self.router.prefill_done(f.request_id, f.prefill_done_s, prompt_tokens)
-        if f.prompt_chars is None and prompt_tokens != f.prompt_tokens:
-            # priced exactly, yet not what the engine prefilled: a tokenizer or template that drifted
-            self.metrics.prompt_tokens_mismatch.labels(f.prefill_id).inc()
-        self.prompt_length.learn(f.prompt_chars, prompt_tokens)
-        f.prompt_tokens = prompt_tokens
+        self._prompt_counted(f, f.prefill_id, prompt_tokens)
         kv = out.get("kv_transfer_params")
         f.cached_tokens = cached_tokens(out, kv)
-        if (
-            self.kv_events is not None
-            and self.router.prefix is not None
-            and len(f.prefix_blocks) * self.router.prefix.block_tokens > f.predicted_cached_tokens
-        ):
-            # The engine cached blocks the index did not know of: their BlockStored is owed.
-            self.kv_events.expect(f.prefill_id)
+        self._blocks_owed(f, f.prefill_id)
         if not isinstance(kv, dict) or not kv:
             return None, None
         if kv.get("do_remote_prefill"):
             f.handoff = (f.decode_id or "", kv)  # the prefill engine holds the blocks until they are pulled
         return kv, None
+
+    def _prompt_counted(self, f: Flight, engine_id: str, prompt_tokens: int) -> None:
+        """The engine that prefilled the prompt counted ``prompt_tokens``: the request's length from now on,
+        and what the length estimate learns from."""
+        if f.prompt_chars is None and prompt_tokens != f.prompt_tokens:
+            # priced exactly, yet not what the engine prefilled: a tokenizer or template that drifted
+            self.metrics.prompt_tokens_mismatch.labels(engine_id).inc()
+        self.prompt_length.learn(f.prompt_chars, prompt_tokens)
+        f.prompt_tokens = prompt_tokens
+
+    def _blocks_owed(self, f: Flight, engine_id: str) -> None:
+        """``engine_id`` prefilled the prompt: where it cached blocks the index did not know of, their
+        BlockStored is owed (kv_events.py: a stream that stays silent then counts as stale)."""
+        prefix = self.router.prefix
+        if (
+            self.kv_events is not None
+            and prefix is not None
+            and len(f.prefix_blocks) * prefix.block_tokens > f.predicted_cached_tokens
+        ):
+            self.kv_events.expect(engine_id)
+
+    def _first_token(self, f: Flight, now: float) -> None:
+        """The first token came. On the local path the prefill ended with it: the router's first_token
+        ends its prefill too (the ledger's phase 0), and the decode engine's new blocks are owed."""
+        self.router.first_token(f.request_id, now)
+        if f.local:
+            f.prefill_done_s = now
+            self._blocks_owed(f, f.decode_id or "")
+
+    def _local_usage(self, f: Flight, usage: Any) -> None:
+        """A local prefill's usage, as its decode engine reported it: the prompt's length as the engine
+        counted it, and what it served from its prefix cache (``prompt_tokens_details.cached_tokens``)."""
+        if not isinstance(usage, dict):
+            return
+        f.cached_tokens = cached_tokens({"usage": usage}, None)
+        prompt_tokens = usage.get("prompt_tokens")
+        if type(prompt_tokens) is int and prompt_tokens > 0:
+            self._prompt_counted(f, f.decode_id or "", prompt_tokens)
 
     async def _client_error(self, f: Flight, status: int, payload: bytes) -> Response | Stream:
         """An engine refused the request as malformed: the client's problem, not the engine's. Its JSON
@@ -356,7 +402,7 @@ class Generation:
             )
             async with r:
                 if r.status >= 500 or 300 <= r.status < 400:
-                    raise _status_failed(f.decode_id, "decode", r.status)
+                    raise _status_failed(f.decode_id, f.hop, r.status)
                 if r.status >= 400:
                     # vLLM's decode side frees a refused request's remote blocks itself (its serving
                     # layer's abort_immediately path): nothing to release.
@@ -368,17 +414,21 @@ class Generation:
                     return await self._relay_json(r, f)
                 return await self._relay_stream(request, r, f, handoff.client_wants_usage(body))
         except (UpstreamError, TimeoutError) as e:
-            raise _failed(f.decode_id, "decode", e) from e
+            raise _failed(f.decode_id, f.hop, e) from e
 
     def _silence_bound_s(self, body: dict[str, Any], f: Flight) -> float:
         """How long the decode engine may stay silent before it counts as stalled. A stream sends a token
         every step; a JSON answer says nothing until the last one, so its bound grows with the tokens asked
-        for, priced at SLOW_STEPS_PER_TOKEN calibrated decode steps each (a full batch, a long context)."""
+        for, priced at SLOW_STEPS_PER_TOKEN calibrated decode steps each (a full batch, a long context). On
+        the local path the prefill comes first, in silence: the bound adds what a prefill engine is given
+        (prefill_timeout_s)."""
+        prefill_s = self.cfg.prefill_timeout_s if f.local else 0.0
         if body.get("stream"):
-            return self.cfg.stall_timeout_s
+            return self.cfg.stall_timeout_s + prefill_s
         limit = body.get("max_tokens") or body.get("max_completion_tokens")
         tokens = limit if isinstance(limit, int) else self.cfg.cluster.max_model_len - f.prompt_tokens
-        return self.cfg.stall_timeout_s + tokens * SLOW_STEPS_PER_TOKEN * self.cfg.calibration.tau_dec_s
+        step_s = SLOW_STEPS_PER_TOKEN * self.cfg.calibration.tau_dec_s
+        return self.cfg.stall_timeout_s + prefill_s + tokens * step_s
 
     async def _relay_json(self, r: EngineAnswer, f: Flight) -> Response:
         payload = await r.read(self.cfg.answer_limits.max_answer_bytes)
@@ -390,19 +440,19 @@ class Generation:
             # Not the JSON the client asked for (an HTML page from a gateway, a half-written engine): never
             # handed on; an engine failure like a 5xx, retried while the client has nothing yet.
             raise EngineFailed(
-                f.decode_id or "", "decode", f"unreadable completion: {str(e)[:200]}", "unreadable"
+                f.decode_id or "", f.hop, f"unreadable completion: {str(e)[:200]}", "unreadable"
             ) from e
         if not isinstance(out, dict):
-            raise EngineFailed(
-                f.decode_id or "", "decode", "unreadable completion: not an object", "unreadable"
-            )
+            raise EngineFailed(f.decode_id or "", f.hop, "unreadable completion: not an object", "unreadable")
         try:
             f.output_tokens = int(out["usage"]["completion_tokens"])
         except (KeyError, TypeError, ValueError):
             f.output_tokens = 0  # a completion without usage is still the answer
         # A JSON answer has no token timing: first and last token are the moment it arrives.
         f.first_token_s = f.last_token_s = now
-        self.router.first_token(f.request_id, now)
+        self._first_token(f, now)
+        if f.local:
+            self._local_usage(f, out.get("usage"))
         self._finish(f, RequestStatus.OK, None)
         return Response(payload, r.status)
 
@@ -421,15 +471,18 @@ class Generation:
         (the engine is fine). The record is written before the stream's end goes out, so a client that
         has seen the whole answer can already find its record."""
         if f.stream is None:
+            # What the prefill engine served from its cache; on the local path the decode engine says so
+            # only at the end, in its usage event (the client's, when asked for).
+            headers = SSE_HEADERS if f.local else {**SSE_HEADERS, CACHED_TOKENS_HEADER: str(f.cached_tokens)}
             try:
-                f.stream = request.stream(200, {**SSE_HEADERS, CACHED_TOKENS_HEADER: str(f.cached_tokens)})
+                f.stream = request.stream(200, headers)
             except ConnectionError as e:
                 raise self._client_gone(f) from e
         resp = f.stream
         relay = StreamRelay(
             client_wants_usage,
             self.now,
-            lambda now: self.router.first_token(f.request_id, now),
+            lambda now: self._first_token(f, now),
             self.cfg.answer_limits.max_event_bytes,
         )
         try:
@@ -441,7 +494,7 @@ class Generation:
                     # (relay.py). The stream broke off: retried if it was all there was, else cut off.
                     raise ProtocolError("unreadable", "the stream ended inside an event")
                 if not relay.started:
-                    raise EngineFailed(f.decode_id or "", "decode", "empty response")
+                    raise EngineFailed(f.decode_id or "", f.hop, "empty response")
                 tail = b""
             except (UpstreamError, TimeoutError) as e:
                 if not relay.started:
@@ -450,7 +503,7 @@ class Generation:
                 relay.drop_pending()
                 error = f"decode engine {f.decode_id} broke off the stream: {type(e).__name__}: {e}"
                 kind = e.kind if isinstance(e, ProtocolError) else None
-                self._engine_failed(f.decode_id or "", "decode", error, kind, f)
+                self._engine_failed(f.decode_id or "", f.hop, error, kind, f)
                 relay.error = error
                 tail = error_event(502, STREAM_BROKE, "BadGateway")
             finally:
@@ -465,6 +518,8 @@ class Generation:
             f.first_token_s, f.last_token_s = relay.first_token_s, relay.last_token_s
             if relay.output_tokens is not None:
                 f.output_tokens = relay.output_tokens
+            if f.local:
+                self._local_usage(f, relay.usage)
         self._finish(f, RequestStatus.FAILED if relay.error else RequestStatus.OK, relay.error)
         try:
             await resp.write_eof()

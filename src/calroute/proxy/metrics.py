@@ -78,8 +78,20 @@ class ProxyMetrics:
             ["policy", "prefill", "decode", "status"],
             registry=self.registry,
         )
+        self.route_paths = Counter(
+            "calroute_route_path",
+            "Routing decisions (each attempt's) by policy, path and the policy's reason for it: remote (a "
+            "prefill engine, then the KV handed to the decode engine) or local (the decode engine prefills "
+            "the prompt itself: RouteDecision.local).",
+            ["policy", "path", "reason"],
+            registry=self.registry,
+        )
         self.retries = Counter(
-            "calroute_retries", "Retried hops by phase.", ["phase"], registry=self.registry
+            "calroute_retries",
+            "Retried hops by phase: prefill, decode (after a prefill), local (a decode engine prefilling "
+            "the prompt itself).",
+            ["phase"],
+            registry=self.registry,
         )
         self.engine_errors = Counter(
             "calroute_engine_errors",
@@ -125,13 +137,15 @@ class ProxyMetrics:
         )
         self.cached_tokens = Counter(
             "calroute_prefix_cached_tokens",
-            "Of those, the tokens the prefill engines said they served from their prefix caches.",
+            "Of those, the tokens the engines that prefilled them (a decode engine, on the local path) said "
+            "they served from their prefix caches.",
             ["policy"],
             registry=self.registry,
         )
         self.predicted_cached_tokens = Counter(
             "calroute_prefix_predicted_cached_tokens",
-            "Of those, the tokens the router's prefix index expected the chosen prefill engines to hold.",
+            "Of those, the tokens the router's prefix index expected the engines chosen to prefill them "
+            "to hold.",
             ["policy"],
             registry=self.registry,
         )

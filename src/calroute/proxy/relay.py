@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 from calroute.proxy.config import MAX_EVENT_BYTES
 from calroute.proxy.engine_client import EngineAnswer
@@ -46,6 +47,7 @@ class StreamRelay:
         self.first_token_s: float | None = None
         self.last_token_s: float | None = None
         self.output_tokens: int | None = None
+        self.usage: dict[str, Any] | None = None  # the usage event's usage object, when one came
         self.error: str | None = None
         self.client_gone = False
         # Events went to the client: from then on a failure is no longer retried elsewhere.
@@ -122,6 +124,7 @@ class StreamRelay:
             self.last_token_s = now
         if seen.output_tokens is not None:
             self.output_tokens = seen.output_tokens
+            self.usage = seen.usage
         self.error = seen.error or self.error
         return seen.events
 

@@ -58,6 +58,7 @@ def test_scan(
     got = scan(wire(values), keep_usage)
     assert got.events == wire(sent)
     assert (got.content, got.output_tokens) == (content, tokens)
+    assert got.usage == (USAGE["usage"] if tokens is not None else None)  # as the engine wrote it
     if error == "error":  # the error event's JSON, as the engine wrote it
         assert got.error == json.dumps(ERROR, **spacing)
     else:

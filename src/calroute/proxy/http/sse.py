@@ -4,7 +4,7 @@ The relay forwards whole network reads; this looks at the complete events of one
 things the router needs: whether a content event came (first and last token times), the usage event (the
 token count; dropped again when the client did not ask for usage) and an error event or an abort. A pure
 function over bytes, with no state and no parse of every event (only the usage event is parsed, once per
-stream, for its token count).
+stream, for its token count and, on a local prefill's stream, what the engine served from its cache).
 
 Any JSON spacing reads alike: vLLM writes compact JSON (``"choices":[{``), an engine built on Python's json
 module writes ``"choices": [{``. Each thing is looked for first in its compact form, a substring test as
@@ -15,7 +15,7 @@ more. Otherwise a regular expression that allows spacing looks, where the key is
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from calroute.proxy.http import codec
 
@@ -46,6 +46,7 @@ class Scan(NamedTuple):
     content: bool  # a token (or the role) came
     output_tokens: int | None  # from the usage event, when there was one
     error: str | None  # an error event's JSON, cut to MAX_ERROR_BYTES
+    usage: dict[str, Any] | None = None  # the usage event's usage object, as the engine wrote it
 
 
 def _find(events: bytes, compact: bytes, spaced: re.Pattern[bytes], key: bytes) -> int:
@@ -69,12 +70,15 @@ def scan(events: bytes, keep_usage: bool) -> Scan:
     if not compact:
         content = _find(events, CONTENT, _CONTENT, b'"choices"') >= 0
     output_tokens = None
+    usage = None
     usage_at = events.find(USAGE) if compact else _find(events, USAGE, _USAGE, b'"choices"')
     if usage_at >= 0:
         start = events.rfind(b"data:", 0, usage_at)
         end = events.find(b"\n\n", usage_at) + 2
         try:
-            output_tokens = int(codec.loads(events[start + 5 : end])["usage"]["completion_tokens"])
+            found = codec.loads(events[start + 5 : end])["usage"]
+            output_tokens = int(found["completion_tokens"])
+            usage = found
         except (ValueError, KeyError, TypeError):
             pass
         if not keep_usage:
@@ -86,4 +90,4 @@ def scan(events: bytes, keep_usage: bool) -> Scan:
         error = events[start : start + MAX_ERROR_BYTES].split(b"\n", 1)[0].decode(errors="replace")
     elif (ABORT in events) if compact else _find(events, ABORT, _ABORT, b'"abort"') >= 0:
         error = ABORT_ERROR
-    return Scan(events, content, output_tokens, error)
+    return Scan(events, content, output_tokens, error, usage)
