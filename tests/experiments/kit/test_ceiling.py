@@ -24,9 +24,11 @@ PROFILE = get_profile("a40-qwen2.5-3b")
 ROUNDING_S = 2e-6
 
 
-def _ceiling_records(profile: HardwareProfile, reqs: list[RequestSpec]) -> dict[str, RequestRecord]:
+def _ceiling_records(
+    profile: HardwareProfile, reqs: list[RequestSpec], paths: tuple[str, ...] = ("remote", "local")
+) -> dict[str, RequestRecord]:
     out: dict[str, RequestRecord] = {}
-    perfect_cache_ceiling(profile, reqs, lambda r: out.__setitem__(r.request_id, r))
+    perfect_cache_ceiling(profile, reqs, lambda r: out.__setitem__(r.request_id, r), paths)
     return out
 
 
@@ -90,7 +92,7 @@ def test_a_request_hits_what_earlier_requests_named_and_nothing_only_later_ones_
         # a hit leaves the prompt's last token to compute (vLLM): 1024 tokens hold at most one block
         RequestSpec("e", 0.0, 1024, 20, SloClass.LOOSE, (7, 8)),
     ]
-    records = _ceiling_records(PROFILE, reqs)
+    records = _ceiling_records(PROFILE, reqs, ("remote",))
     assert {k: r.cached_tokens for k, r in records.items()} == {
         "a": 0,
         "b": 1536,
@@ -108,8 +110,9 @@ def test_its_decode_engine_holds_what_another_request_names_even_a_later_one() -
     # On a cluster a later request sharing c's blocks can be pulled to c's decode engine first and spare c
     # their pull; a block no other request names can only be pulled (transfer_s of the prompt past the hit).
     c = RequestSpec("c", 0.0, 1200, 20, SloClass.LOOSE, (7, 8))
-    alone = _ceiling_records(PROFILE, [c])["c"]
-    shared = _ceiling_records(PROFILE, [c, RequestSpec("d", 0.0, 1300, 20, SloClass.LOOSE, (7, 8))])["c"]
+    alone = _ceiling_records(PROFILE, [c], ("remote",))["c"]
+    d = RequestSpec("d", 0.0, 1300, 20, SloClass.LOOSE, (7, 8))
+    shared = _ceiling_records(PROFILE, [c, d], ("remote",))["c"]
     assert alone.cached_tokens == shared.cached_tokens == 0  # no prefill hit: d came later
     assert alone.ttft_s is not None and shared.ttft_s is not None
     spared = PROFILE.calibration.transfer_s(1200) - PROFILE.calibration.transfer_s(1200 - 1024)
@@ -120,3 +123,20 @@ def test_its_decode_engine_holds_what_another_request_names_even_a_later_one() -
 def test_a_run_ceiling_is_that_of_the_runs_requests() -> None:
     reqs = workload_source("multi-turn", 120).requests(2.0, 3)
     assert run_ceiling(PROFILE, "multi-turn", 120, 2.0, 3) == perfect_cache_ceiling(PROFILE, reqs)
+
+
+def test_its_local_path_holds_answers_and_beats_the_remote_one_alone() -> None:
+    """Alone, the decode engine prefilling a prompt pays no pull and no prefill iteration's base; its cache
+    holds what two requests name, an answer's blocks among them: the ceiling keeps the better path."""
+    a = RequestSpec("a", 0.0, 2 * 512 + 100, 1000, SloClass.LOOSE, (1, 2), (3, 4))
+    b = RequestSpec("b", 0.0, 5 * 512 + 10, 20, SloClass.LOOSE, (1, 2, 3, 4, 5))
+    local = _ceiling_records(PROFILE, [a, b], ("local",))
+    remote = _ceiling_records(PROFILE, [a, b], ("remote",))
+    both = _ceiling_records(PROFILE, [a, b])
+    assert local["b"].local_prefill and local["b"].cached_tokens == 4 * 512
+    assert remote["b"].cached_tokens == 2 * 512  # a prefill engine never saw a's answer
+    for k in ("a", "b"):
+        ttfts = (local[k].ttft_s, remote[k].ttft_s, both[k].ttft_s)
+        assert None not in ttfts
+        assert both[k].ttft_s == min(local[k].ttft_s or 0.0, remote[k].ttft_s or 0.0)
+    assert (local["b"].ttft_s or 0.0) < (remote["b"].ttft_s or 0.0)

@@ -35,6 +35,13 @@ here.
   and the context its own, the least any step can cost; on a cluster it also waits for a step boundary,
   for KV, and may be preempted and recomputed. With unbounded KV nothing waits or is preempted here.
 
+- A request its decode engine prefills itself (RouteDecision.local, a path every policy may take) pays no
+  pull and no prefill iteration's base: its prompt past the decode engine's hit is computed in that engine's
+  steps (sim/decode.py), beside whatever else runs there. So each request also runs alone *locally*, on a
+  decode engine whose cache holds every block two or more admissible requests name, answers' blocks
+  (RequestSpec.answer_blocks) counted with prompts': the most a decode engine could hold of it. The ceiling
+  keeps, request by request, the better of the two paths (the lower TTFT; TPOT is the same alone).
+
 So TTFT and TPOT are each at their least here, and the targets are the request's own (its class and prompt).
 The ceiling is loose, not a prediction of what a router reaches: every request gets an idle engine pair and
 the best cache, together, which no cluster under load gives them all.
@@ -62,10 +69,11 @@ from calroute.workload.source import workload_source
 # KV capacity of the ceiling's engines, in tokens: more than any run's requests could fill.
 UNBOUNDED_KV_TOKENS = 10**12
 SHAPE = ClusterShape(1, 1)
+LOCAL_SHAPE = ClusterShape(0, 1)  # the local path: a decode engine alone
 LABEL = "ceiling"
 # What a kept ceiling was computed by: changed with the ceiling's construction, so none computed otherwise is
-# reused (the decode engine held every block named, before it held only those two requests name).
-MODEL = "idle-perfect-cache/2"
+# reused (/2: the decode engine held every block two requests name; /3: the local path too).
+MODEL = "idle-perfect-cache/3"
 
 
 @dataclass(frozen=True)
@@ -119,57 +127,81 @@ def perfect_cache_ceiling(
     profile: HardwareProfile,
     requests: Sequence[RequestSpec],
     on_record: Callable[[RequestRecord], None] | None = None,
+    paths: tuple[str, ...] = ("remote", "local"),
 ) -> Ceiling:
     """The idle perfect-cache ceiling of ``requests`` (sorted by arrival) on ``profile``'s engines, judged by
     its calibration's SLO targets (the caller's: a profile with the run's SLO spec applied). ``on_record``
-    sees every record of the ceiling's run (its arrivals re-timed)."""
+    sees, request by request, the record of the better path (its arrival re-timed); ``paths``: the paths
+    tried, the remote one (a prefill engine, then a pull) and the local one (the decode engine alone)."""
     hw = ceiling_profile(profile)
-    limit = hw.limits.max_request_tokens
     timed = one_at_a_time(profile, requests)
-    instances = SHAPE.instances(hw.limits.kv_capacity_tokens)
+    runs = []
+    if "remote" in paths:
+        runs.append(_alone(hw, SHAPE, "round_robin", timed, [r.prefix_blocks for r in timed]))
+    if "local" in paths:
+        # answers' blocks count as named by their request: an engine that decoded one holds them
+        chains = [r.prefix_blocks + r.answer_blocks for r in timed]
+        runs.append(_alone(hw, LOCAL_SHAPE, "aggregated", timed, chains))
+    if not runs:
+        raise ValueError(f"paths must name remote, local or both, got {paths!r}")
+    acc = SummaryAccumulator(hw.calibration.slo)
+    for r in timed:
+        best = min((run[r.request_id] for run in runs), key=_ttft_or_inf)
+        acc.add(best)
+        if on_record is not None:
+            on_record(best)
+    s = acc.summary()
+    return Ceiling(s.requests, s.goodput, s.admissible_goodput, s.inadmissible)
+
+
+def _ttft_or_inf(rec: RequestRecord) -> float:
+    return rec.ttft_s if rec.status is RequestStatus.OK and rec.ttft_s is not None else math.inf
+
+
+def _alone(
+    hw: HardwareProfile,
+    shape: ClusterShape,
+    policy: str,
+    timed: list[RequestSpec],
+    named_by: list[tuple[int, ...]],
+) -> dict[str, RequestRecord]:
+    """Each of the ``timed`` requests alone on ``shape`` (routed by ``policy``: no choice to make), its decode
+    engine's cache holding every block that two or more admissible requests name (``named_by``, in order)."""
+    limit = hw.limits.max_request_tokens
+    instances = shape.instances(hw.limits.kv_capacity_tokens)
     router = build_router(
-        "round_robin",
+        policy,
         {},
         hw.calibration,
         Ledger(instances, hw.calibration),
         seeds=RouterSeeds.of_run(0),
     )
-    sim = ClusterSim(hw, SHAPE, router, LABEL)
+    sim = ClusterSim(hw, shape, router, LABEL)
     # The decode engine holds every block two or more admissible requests name: the most any request could hit
     # there. A block id stands for its prefix, so the blocks of a prompt that another one names too lead it.
-    admitted = [r for r in timed if r.prefix_blocks and _admissible(r, limit)]
-    named = Counter(b for r in admitted for b in set(r.prefix_blocks))
+    chains = [c for r, c in zip(timed, named_by, strict=True) if c and _admissible(r, limit)]
+    named = Counter(b for c in chains for b in set(c))
     for dec in sim.decode.values():
         pool = dec.pool
-        for r in admitted:
+        for chain in chains:
             n = 0
-            while n < len(r.prefix_blocks) and named[r.prefix_blocks[n]] > 1:
+            while n < len(chain) and named[chain[n]] > 1:
                 n += 1
             if n:
                 rb = RequestBlocks()
-                pool.admit(rb, r.prefix_blocks, 0, n * pool.block_tokens, n * pool.block_tokens)
-                pool.cache(rb, r.prefix_blocks, n)
+                pool.admit(rb, chain, 0, n * pool.block_tokens, n * pool.block_tokens)
+                pool.cache(rb, chain, n)
                 pool.free(rb)
-    acc = SummaryAccumulator(hw.calibration.slo)
-    ends: dict[str, float] = {}
-
-    def sink(rec: RequestRecord) -> None:
-        acc.add(rec)
-        if rec.status is RequestStatus.OK and rec.last_token_s is not None:
-            ends[rec.request_id] = rec.last_token_s
-        if on_record is not None:
-            on_record(rec)
-
-    sim.run(timed, sink)
+    records: dict[str, RequestRecord] = {}
+    sim.run(timed, lambda rec: records.__setitem__(rec.request_id, rec))
     for before, after in zip(timed, timed[1:], strict=False):
-        end = ends.get(before.request_id)
+        end = records[before.request_id].last_token_s
         if end is not None and end >= after.arrival_s:
             raise RuntimeError(
                 f"ceiling: request {before.request_id!r} still ran when {after.request_id!r} arrived "
                 f"({end:.3f} s >= {after.arrival_s:.3f} s): the spacing (one_at_a_time) is too short"
             )
-    s = acc.summary()
-    return Ceiling(s.requests, s.goodput, s.admissible_goodput, s.inadmissible)
+    return records
 
 
 def run_ceiling(
