@@ -410,3 +410,21 @@ def test_the_engine_limits_are_settable_and_recorded() -> None:
         return sum(int(r["status_counts"].get("rejected", 0)) for r in doc["runs"])
 
     assert refused(small) > refused(default)
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["--policies", "aggregated", "--rate", "2"], None),
+        (["--policies", "aggregated,marginal_cost", "--rate", "2"], "marginal_cost need prefill instances"),
+        (["--policies", "aggregated", "--saturate"], "round_robin need prefill instances"),
+    ],
+)
+def test_an_aggregated_cluster_takes_the_aggregated_policy_only(args: list[str], error: str | None) -> None:
+    base = ["simulate", "--prefill", "0", "--decode", "2", "--workload", "chat", "--requests", "60"]
+    code, out, err = invoke(*base, *args, "--json")
+    if error is None:
+        assert code == 0, err
+        assert {r["policy"] for r in json.loads(out)["runs"]} == {"aggregated"}
+    else:
+        assert code != 0 and error in err.replace("\n", " ")

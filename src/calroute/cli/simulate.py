@@ -113,7 +113,10 @@ def simulate(
     trace: Annotated[
         Path | None, typer.Option(help="a trace file: Azure CSV, Mooncake JSONL, lengths CSV")
     ] = None,
-    prefill: Annotated[int, typer.Option(min=1, help="prefill instances")] = 2,
+    prefill: Annotated[
+        int,
+        typer.Option(min=0, help="prefill instances (0: an aggregated cluster, for --policies aggregated)"),
+    ] = 2,
     decode: Annotated[int, typer.Option(min=1, help="decode instances")] = 4,
     policies: Annotated[
         str,
@@ -192,6 +195,14 @@ def simulate(
             policy_list = expand_policy_list(policies)
         except ConfigError as e:
             raise ConfigError(f"--policies: {e}") from e
+        searched = [saturate_on] if saturate_ else []
+        disaggregating = [p for p in dict.fromkeys([*policy_list, *searched]) if p != "aggregated"]
+        if prefill == 0 and disaggregating:
+            raise ConfigError(
+                f"--prefill 0: an aggregated cluster takes only the policy aggregated (--policies, "
+                f"--saturate-on), which keeps every prefill on its decode engine; "
+                f"{', '.join(disaggregating)} need prefill instances"
+            )
         if saturate_on not in policy_names():
             unknown = unknown_policy(saturate_on, ", ".join(policy_names()))
             raise ConfigError(f"--saturate-on: {unknown}")
