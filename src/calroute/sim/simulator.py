@@ -20,6 +20,7 @@ from calroute.sim.cache_events import CacheListener
 from calroute.sim.decode import DecodeInstance
 from calroute.sim.kernel import Kernel
 from calroute.sim.prefill import PrefillInstance
+from calroute.sim.replicas import RouterGroup
 from calroute.sim.requests import SimRequest
 from calroute.sim.sampling import ReadHorizon, Sample, poll
 from calroute.types import (
@@ -68,7 +69,7 @@ class ClusterSim:
         self,
         profile: HardwareProfile,
         shape: ClusterShape,
-        router: Router,
+        router: Router | RouterGroup,
         policy_name: str,
         sample_interval_s: float = 0.05,
         max_stretch_steps: int | None = None,
@@ -80,7 +81,13 @@ class ClusterSim:
         ``kv_event_delay_s``: the engines publish their prefix caches' changes as vLLM's KV events do, and
         the router's prefix index hears each this long after it happened (its precise source). None: no
         events; the router learns only from its own placements, if at all.
+
+        ``router``: a RouterGroup in place of one Router models several routers (sim/replicas.py); it gets
+        every request event, engine sample and KV event, and hands each to the routers it concerns.
         """
+        self._group = router if isinstance(router, RouterGroup) else None
+        # checked and read on the first router: a group's routers are built alike
+        router = router.routers[0] if isinstance(router, RouterGroup) else router
         if sample_interval_s <= 0:
             raise ConfigError(f"sample_interval_s must be > 0, got {sample_interval_s}")
         if kv_event_delay_s is not None:
@@ -229,9 +236,15 @@ class ClusterSim:
         # Engine metrics are read at (admitted) arrivals only, so none is read before the next arrival.
         # Arrivals are sorted (checked when scheduled), so the horizon never decreases, even across runs.
         self._horizon.next_read_s = self._last_arrival_s
-        d = self._router.admit(
-            request_id, prompt_tokens, slo_class, now, output_tokens, prefix_blocks, self._truth
-        )
+        group = self._group
+        if group is None:
+            d = self._router.admit(
+                request_id, prompt_tokens, slo_class, now, output_tokens, prefix_blocks, self._truth
+            )
+        else:
+            d = group.admit(
+                request_id, prompt_tokens, slo_class, now, output_tokens, prefix_blocks, self._truth
+            )
         decision = d.route
         req = SimRequest(
             request_id,
@@ -271,7 +284,10 @@ class ClusterSim:
         now = self.kernel.now_s
         if self._first_token_heap.top_key() <= now:
             self._notify_first_tokens(now)
-        self._router.prefill_done(req.request_id, now, req.prompt_tokens)
+        if self._group is None:
+            self._router.prefill_done(req.request_id, now, req.prompt_tokens)
+        else:
+            self._group.prefill_done(req.request_id, now, req.prompt_tokens)
         self.decode[req.decode_id].enqueue(req)
 
     def _pulled(self, req: SimRequest) -> None:
@@ -285,7 +301,7 @@ class ClusterSim:
     def _notify_first_tokens(self, now: float) -> None:
         """Tell the router of first tokens emitted up to ``now``, in order, before it hears anything later."""
         heap = self._first_token_heap
-        first_token = self._router.first_token
+        first_token = self._router.first_token if self._group is None else self._group.first_token
         while heap.top_key() <= now:
             entry = heap.pop()
             req: SimRequest = entry.item
@@ -302,7 +318,10 @@ class ClusterSim:
             req.output_tokens,
             req.first_token_s,
         )
-        self._router.done(request_id, prompt_tokens, output_tokens, now, True, first_token_s)
+        if self._group is None:
+            self._router.done(request_id, prompt_tokens, output_tokens, now, True, first_token_s)
+        else:
+            self._group.done(request_id, prompt_tokens, output_tokens, now, True, first_token_s)
         self._sink(
             RequestRecord(
                 request_id=request_id,
@@ -361,6 +380,9 @@ class ClusterSim:
 
     def _kv_event(self, event: tuple[str, bool, tuple[int, ...]]) -> None:
         instance_id, stored, blocks = event
+        if self._group is not None:
+            self._group.kv_event(instance_id, stored, blocks)
+            return
         index = self._router.prefix
         if index is None:
             return
@@ -371,4 +393,7 @@ class ClusterSim:
 
     def _record_samples(self, now: float) -> None:
         """Hand the ledger each engine's metrics as last polled (only this method feeds it samples)."""
+        if self._group is not None:
+            self._group.poll(self._samplers, now)
+            return
         poll(self._samplers, self._last_samples, now, self._router.ledger)

@@ -1,9 +1,11 @@
 """The simulator as a backend: one simulated run (records streamed to disk), a saturation search, a plain
 comparison of policies over seeds (`calroute simulate`), and an experiment's cells, on an executor's
-workers."""
+workers. A run may be routed by several routers (sim/replicas.py): SimSetup's ``routers``, or a cell's
+ReplicaVariant."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
@@ -21,13 +23,11 @@ from calroute.experiments.kit.paths import portable_workload
 from calroute.experiments.kit.saturation import Probe, SaturationResult, find_saturation
 from calroute.results.metrics import RunSink, RunSummary, SummaryAccumulator
 from calroute.results.records import RecordWriter
-from calroute.routing.build import build_router
-from calroute.routing.ledger import Ledger
-from calroute.routing.prefix_index import PrefixIndex
-from calroute.routing.seeds import RouterSeeds
 from calroute.routing.variant import Variant
+from calroute.sim.replicas import GroupStats, RouterGroup, check_group
+from calroute.sim.routers import RouterRecipe, run_routers
 from calroute.sim.simulator import ClusterShape, ClusterSim, SimStats
-from calroute.types import PREFIX_BLOCK_TOKENS, RequestSpec
+from calroute.types import RequestSpec
 from calroute.workload.source import WorkloadSource, workload_source
 
 PREFIX_SOURCES = ("approximate", "precise")
@@ -49,12 +49,33 @@ class SimSetup:
     # own placements; "precise", the engines' KV events, heard kv_event_delay_s late.
     prefix_source: str = "approximate"
     kv_event_delay_s: float = 0.01
+    # Routers in front of the cluster (sim/replicas.py): how many, how the arrivals are split among them
+    # (BALANCERS), and the delay with which each one's bookings reach the others' ledgers (None: never).
+    routers: int = 1
+    balancer: str = "round_robin"
+    share_delay_s: float | None = None
+    # The herd's mitigation (sim/herd.py): each pool's engine drawn among the candidates within this
+    # min-max normalised distance of the best (None: off, the policy's own pick).
+    near_best: float | None = None
 
     def __post_init__(self) -> None:
         if self.prefix_source not in PREFIX_SOURCES:
             raise ConfigError(
                 f"unknown prefix source {self.prefix_source!r}; known: {', '.join(PREFIX_SOURCES)}"
             )
+        check_group(self.routers, self.balancer, self.share_delay_s, self.near_best)
+
+
+@dataclass(frozen=True)
+class ReplicaVariant(Variant):
+    """A variant routed by several routers: SimSetup's ``routers``, ``balancer``, ``share_delay_s`` and
+    ``near_best``, on a prefix source of its own (None: the backend's). The simulator backend's only."""
+
+    routers: int = 1
+    balancer: str = "round_robin"
+    share_delay_s: float | None = None
+    near_best: float | None = None
+    prefix_source: str | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +86,7 @@ class RunResult:
     summary: RunSummary
     stats: SimStats
     records_path: Path | None
+    replicas: GroupStats | None = None  # a run through a RouterGroup: its routers' admissions, the herd
 
 
 def simulate_run(
@@ -80,24 +102,24 @@ def simulate_run(
     names the run in its records (default: the policy)."""
     instances = setup.shape.instances(setup.profile.limits.kv_capacity_tokens)
     # Only prompts with block ids can hit; without any, the index would answer nothing, at a cost.
-    prefix = PrefixIndex(instances, PREFIX_BLOCK_TOKENS) if any(r.prefix_blocks for r in requests) else None
-    precise = prefix is not None and setup.prefix_source == "precise"
-    router = build_router(
+    indexed = any(r.prefix_blocks for r in requests)
+    precise = indexed and setup.prefix_source == "precise"
+    recipe = RouterRecipe(
         policy,
         setup.policy_params.get(policy, {}),
         setup.router_calibration,
-        Ledger(instances, setup.router_calibration),
-        seeds=RouterSeeds.of_run(seed),
-        predictor=setup.predictor,
-        predictor_noise=setup.predictor_noise,
-        online_calibration=setup.online_calibration,
-        prefix=prefix,
-        record_placements=not precise,
+        setup.predictor,
+        setup.predictor_noise,
+        setup.online_calibration,
+        setup.near_best,
+    )
+    routers = run_routers(
+        recipe, instances, seed, indexed, precise, setup.routers, setup.balancer, setup.share_delay_s
     )
     sim = ClusterSim(
         setup.profile,
         setup.shape,
-        router,
+        routers,
         label or policy,
         setup.sample_interval_s,
         kv_event_delay_s=setup.kv_event_delay_s if precise else None,
@@ -110,7 +132,13 @@ def simulate_run(
             writer = RecordWriter(stack.enter_context(records_path.open("w")), flush_every=1024)
         sink = RunSink(acc, writer)
         stats = sim.run(requests, sink)
-    return RunResult(policy, seed, rate_rps, acc.summary(), stats, records_path)
+    replicas = routers.stats() if isinstance(routers, RouterGroup) else None
+    return RunResult(policy, seed, rate_rps, acc.summary(), stats, records_path, replicas)
+
+
+def group_stats_path(records_path: Path) -> Path:
+    """Where ``run_sim`` keeps a run's GroupStats (GroupStats.to_dict): beside its records."""
+    return records_path.with_name(f"{records_path.stem}.replicas.json")
 
 
 def compare(
@@ -198,7 +226,9 @@ def sim_setup(
     prefix_source: str = "approximate",
     kv_event_delay_s: float = 0.01,
 ) -> SimSetup:
-    return SimSetup(
+    """The setup of ``variant`` on a prefill x decode cluster; a ReplicaVariant's routers, and its own prefix
+    source where it names one."""
+    setup = SimSetup(
         profile=profile,
         shape=ClusterShape(prefill, decode),
         router_calibration=router_calibration(variant, profile.calibration),
@@ -208,6 +238,16 @@ def sim_setup(
         online_calibration=variant.router == "online",
         prefix_source=prefix_source,
         kv_event_delay_s=kv_event_delay_s,
+    )
+    if not isinstance(variant, ReplicaVariant):
+        return setup
+    return replace(
+        setup,
+        routers=variant.routers,
+        balancer=variant.balancer,
+        share_delay_s=variant.share_delay_s,
+        near_best=variant.near_best,
+        prefix_source=variant.prefix_source or prefix_source,
     )
 
 
@@ -243,6 +283,9 @@ def run_sim(item: SimRun) -> Run:
         records_path=item.records_path,
         label=v.label,
     )
+    if result.replicas is not None:
+        path = group_stats_path(item.records_path)
+        path.write_text(json.dumps(result.replicas.to_dict(), indent=2) + "\n")
     return Run(v.label, item.seed, result.summary)
 
 
