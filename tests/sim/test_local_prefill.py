@@ -146,3 +146,21 @@ def test_the_engine_that_decoded_an_answer_holds_it(first: str, hit_blocks: int)
         ]
     )
     assert recs["b"].cached_tokens == hit_blocks * B
+
+
+def test_two_local_prefills_at_one_instant_each_pay_their_own() -> None:
+    """The second arrives as the first's step is planned: it waits for that step's end, and the first's prefill
+    stays in its step (planning again at the same instant once dropped it: the request ended before the first
+    token the engine had announced for it, and the ledger failed on it)."""
+    recs = run(
+        [
+            RequestSpec("a", 1.0, 2 * B + 100, 1, SloClass.TIGHT, (1, 2)),
+            RequestSpec("b", 1.0, 2 * B + 300, 1, SloClass.TIGHT, (5, 6)),
+        ]
+    )
+    a, b = recs["a"], recs["b"]
+    assert a.ttft_s == pytest.approx(prefill_s(2 * B + 100) + step_s(1, 2 * B + 100))
+    assert a.last_token_s == a.first_token_s
+    # b joins at the end of a's step, then pays its own prefill in the next
+    assert b.first_token_s is not None and a.first_token_s is not None
+    assert b.first_token_s - a.first_token_s >= prefill_s(2 * B + 300)

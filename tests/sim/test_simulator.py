@@ -111,7 +111,9 @@ def test_invariants(
         assert (
             rec.prefill_done_s is not None and rec.first_token_s is not None and rec.last_token_s is not None
         )
-        assert rec.arrival_s < rec.prefill_done_s < rec.first_token_s <= rec.last_token_s
+        assert rec.arrival_s < rec.prefill_done_s <= rec.first_token_s <= rec.last_token_s
+        # a prefill engine's prefill ends before the decode engine's first step; a local one ends with it
+        assert (rec.prefill_done_s == rec.first_token_s) == rec.local_prefill
         assert 0 <= rec.cached_tokens <= min(len(s.prefix_blocks) * PREFIX_BLOCK_TOKENS, s.prompt_tokens - 1)
     # KV never over budget, on any engine
     assert all(peak <= kv for peak in stats.peak_kv_used_tokens.values())

@@ -165,7 +165,10 @@ class DecodeInstance:
         k = self._steps_at(now)
         epoch, extra, a, g = self._epoch_s, self._extra_s, self._step0_s, self._growth_s
         t = epoch + (extra + k * a + g * k * (k - 1) / 2 if k > 0 else 0.0)  # epoch + _elapsed_s(k)
-        if t < now:
+        # A first step carrying a prefill (a recompute, a local prompt) was planned at this very instant and
+        # its first tokens announced: what arrives now waits for that step's end, as in vLLM, where the
+        # scheduler runs once a step. Planning again now would drop the prefill's time from the step.
+        if t < now or (k == 0 and extra > 0.0):
             k += 1
             t = epoch + (extra + k * a + g * k * (k - 1) / 2 if k > 0 else 0.0)
         if t < self._planned_s:
