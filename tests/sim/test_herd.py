@@ -88,30 +88,39 @@ def test_a_tolerance_out_of_range_is_a_config_error(tolerance: float) -> None:
         NearBest(Fixed(SCORED), tolerance, seed=0)
 
 
-# admissions (time, router, decode engine), window 0.01 s
+# admissions (time, router, prefill engine, decode engine), window 0.01 s
 HERD_CASES = {
-    "alone": ([(0.0, 0, "d0")], HerdStats(0.01)),
-    "two routers, one engine, at once": ([(0.0, 0, "d0"), (0.005, 1, "d0")], HerdStats(0.01, 1, 1)),
-    "two routers, two engines": ([(0.0, 0, "d0"), (0.005, 1, "d1")], HerdStats(0.01, 1, 0)),
-    "outside the window": ([(0.0, 0, "d0"), (0.02, 1, "d0")], HerdStats(0.01)),
-    "one router twice": ([(0.0, 0, "d0"), (0.001, 0, "d0")], HerdStats(0.01, 0, 0, 1, 1)),
+    "alone": ([(0.0, 0, "p0", "d0")], HerdStats(0.01)),
+    "two routers, one pair of engines, at once": (
+        [(0.0, 0, "p0", "d0"), (0.005, 1, "p0", "d0")],
+        HerdStats(0.01, cross_pairs=1, cross_same_decode=1, cross_same_prefill=1),
+    ),
+    "two routers, two decode engines": (
+        [(0.0, 0, "p0", "d0"), (0.005, 1, "p0", "d1")],
+        HerdStats(0.01, cross_pairs=1, cross_same_prefill=1),
+    ),
+    "outside the window": ([(0.0, 0, "p0", "d0"), (0.02, 1, "p0", "d0")], HerdStats(0.01)),
+    "one router twice": (
+        [(0.0, 0, "p0", "d0"), (0.001, 0, "p1", "d0")],
+        HerdStats(0.01, own_pairs=1, own_same_decode=1),
+    ),
     "three in a window": (
-        [(0.0, 0, "d0"), (0.002, 1, "d0"), (0.004, 0, "d1")],
-        HerdStats(0.01, cross_pairs=2, cross_same=1, own_pairs=1, own_same=0),
+        [(0.0, 0, "p0", "d0"), (0.002, 1, "p1", "d0"), (0.004, 0, "p1", "d1")],
+        HerdStats(0.01, cross_pairs=2, cross_same_decode=1, cross_same_prefill=1, own_pairs=1),
     ),
 }
 
 
 @pytest.mark.parametrize(("admissions", "want"), HERD_CASES.values(), ids=list(HERD_CASES))
 def test_the_herd_counts_pairs_within_the_window(
-    admissions: list[tuple[float, int, str]], want: HerdStats
+    admissions: list[tuple[float, int, str, str]], want: HerdStats
 ) -> None:
     counter = HerdCounter(0.01)
-    for t, router, engine in admissions:
-        counter.admitted(t, router, engine)
+    for t, router, prefill, decode in admissions:
+        counter.admitted(t, router, prefill, decode)
     assert counter.stats() == want
 
 
-def test_herd_shares() -> None:
-    stats = HerdStats(0.01, cross_pairs=4, cross_same=3, own_pairs=0)
-    assert stats.cross_same_share == 0.75 and stats.own_same_share is None
+def test_the_herd_window_must_be_positive() -> None:
+    with pytest.raises(ConfigError, match="window"):
+        HerdCounter(0.0)

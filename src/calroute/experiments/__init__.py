@@ -16,6 +16,7 @@ from calroute.experiments.local_prefill import LocalPrefill
 from calroute.experiments.mixed_bursty import MixedBursty
 from calroute.experiments.noise import Noise
 from calroute.experiments.prefix import PrefixReuse
+from calroute.experiments.replicas import Replicas
 from calroute.experiments.scarcity import Scarcity
 from calroute.experiments.tuned import TunedCheck
 from calroute.experiments.width import Width
@@ -37,14 +38,16 @@ EXPERIMENTS: dict[str, Experiment] = {
         Headroom(),
         TunedCheck(),
         LocalPrefill(),
+        Replicas(),
     )
 }
 
 
 # What `calroute experiment all` runs: the paper's experiments. The others run by name: prefix, local
-# prefill, and the tuning's headroom and live check, which read the tuned parameters in docs/results/tuning.
+# prefill, replicas, and the tuning's headroom and live check, which read the tuned parameters in
+# docs/results/tuning.
 PAPER_EXPERIMENTS: tuple[str, ...] = tuple(
-    name for name in EXPERIMENTS if name not in ("prefix", "local-prefill", "headroom", "tuned")
+    name for name in EXPERIMENTS if name not in ("prefix", "local-prefill", "replicas", "headroom", "tuned")
 )
 
 

@@ -3,8 +3,10 @@ each other (issue 38). ``NearBest`` draws each pool's engine at random among the
 policy's candidates, so that routers seeing the same view spread instead of piling onto one engine.
 
 ``HerdCounter`` measures it: per admission, the earlier admissions within a window (one share delay) that
-another router made, and how many of those picked the same decode engine; the same for the router's own
-earlier admissions, which its ledger did see, as the reference.
+another router made, and how many of those picked the same decode engine (and the same prefill engine); the
+same for the router's own earlier admissions, which its ledger did see, as the reference: a policy may put
+consecutive requests on one engine by design (marginal_cost's decode price barely moves with one more
+stream), and only picks that coincide more often across routers than within one are a herd.
 """
 
 from __future__ import annotations
@@ -83,21 +85,15 @@ def near_best(inner: RoutingPolicy, tolerance: float, seed: int) -> RoutingPolic
 @dataclass(frozen=True)
 class HerdStats(PicklesByConstructor):
     """Pairs of admissions less than ``window_s`` apart: made by two routers (``cross``) or by one
-    (``own``), and how many of each picked the same decode engine."""
+    (``own``), and how many of each picked the same decode engine, and the same prefill engine."""
 
     window_s: float
     cross_pairs: int = 0
-    cross_same: int = 0
+    cross_same_decode: int = 0
+    cross_same_prefill: int = 0
     own_pairs: int = 0
-    own_same: int = 0
-
-    @property
-    def cross_same_share(self) -> float | None:
-        return self.cross_same / self.cross_pairs if self.cross_pairs else None
-
-    @property
-    def own_same_share(self) -> float | None:
-        return self.own_same / self.own_pairs if self.own_pairs else None
+    own_same_decode: int = 0
+    own_same_prefill: int = 0
 
 
 class HerdCounter:
@@ -107,20 +103,22 @@ class HerdCounter:
         if window_s <= 0:
             raise ConfigError(f"the herd window must be > 0 s, got {window_s}")
         self.window_s = window_s
-        self._recent: deque[tuple[float, int, str]] = deque()  # (time, router, decode engine)
-        self._counts = [0, 0, 0, 0]  # cross pairs, cross same, own pairs, own same
+        self._recent: deque[tuple[float, int, str, str]] = deque()  # (time, router, prefill, decode)
+        self._counts = [0] * 6  # HerdStats' counts, in its order
 
-    def admitted(self, now_s: float, router: int, decode_id: str) -> None:
+    def admitted(self, now_s: float, router: int, prefill_id: str, decode_id: str) -> None:
         recent = self._recent
         while recent and recent[0][0] <= now_s - self.window_s:
             recent.popleft()
         counts = self._counts
-        for _, other, engine in recent:
-            k = 0 if other != router else 2
+        for _, other, prefill, decode in recent:
+            k = 0 if other != router else 3
             counts[k] += 1
-            if engine == decode_id:
+            if decode == decode_id:
                 counts[k + 1] += 1
-        recent.append((now_s, router, decode_id))
+            if prefill == prefill_id:
+                counts[k + 2] += 1
+        recent.append((now_s, router, prefill_id, decode_id))
 
     def stats(self) -> HerdStats:
         return HerdStats(self.window_s, *self._counts)

@@ -234,7 +234,7 @@ class RouterGroup:
         self._owner[request_id] = i
         self._admissions[i] += 1
         route = d.route
-        self._herd.admitted(now_s, i, route.decode_id)
+        self._herd.admitted(now_s, i, route.prefill_id, route.decode_id)
         if self._sharing:
             booking = _Booking(
                 route.prefill_id,
