@@ -22,6 +22,7 @@ MARGINAL_COST_TUNABLE = [
     "sigma_loose",
     "w_evict",
     "w_local",
+    "stall_tolerance_s",
 ]
 
 

@@ -62,11 +62,15 @@ decode candidate d, in the same seconds as the remote path's:
 
     cost_local(d) = cost_dec(d) without the pull
                     + sigma * (w_b * ahead(d) + w_s * compute(d) * tau_pre (+ the eviction price at d))
-                    + w_local * compute(d) * tau_pre * queue(d)
+                    + w_local * stall(d) * queue(d)
 
 with compute(d) = prompt - cached(d) (the decode engine's own cache: a conversation's previous turn it
 decoded) and ahead(d) the local prefills queued there (the ledger's pending prefill tokens). The last term is
-the delay the prefill adds to every stream running there, which a prefill engine spares them. The remote
+the delay the prefill adds to every stream running there, which a prefill engine spares them, priced for what
+it risks: with s = compute(d) * tau_pre, stall(d) = s * s / (s + stall_tolerance_s), nearly nothing for a
+prefill much shorter than the tolerance (a stream's TPOT target absorbs it), s for a long one. Priced linearly
+(``stall_tolerance_s=0``), short prompts on chat traffic were kept off busy decode engines that had room for
+them, and lost 70 points to a threshold decider. The remote
 path costs cost_pre(p*) + cost_dec(d*) + the pull; the cheaper path is taken (reason ``cheaper_local`` or
 ``cheaper_remote``).
 
@@ -137,9 +141,14 @@ class Params(PicklesByConstructor):
     # Weight of the delay a local prefill adds to each stream running on its decode engine (seconds per
     # second of prefill per stream), as w_cobatch weighs a prefill's delay to its co-batched prompts.
     w_local: float = field(default=1.0, metadata=tunable(0.0, 4.0))
+    # The stall a running stream absorbs at little risk to its TPOT target: the streams' price of a local
+    # prefill of s seconds is w_local * s * s / (s + stall_tolerance_s) each (0: s each, linear). 0.3 was
+    # picked among 0, 0.3, 0.5 and 1 on seeds 20-23, apart from the experiment's (docs/local-prefill.md).
+    stall_tolerance_s: float = field(default=0.3, metadata=tunable(0.0, 2.0))
 
     def __post_init__(self) -> None:
-        for name in ("w_b", "w_b_dec", "w_s", "w_q", "w_cobatch", "rho", "w_evict", "w_local"):
+        weights = ("w_b", "w_b_dec", "w_s", "w_q", "w_cobatch", "rho", "w_evict", "w_local")
+        for name in (*weights, "stall_tolerance_s"):
             check(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("sigma_tight", "sigma_loose"):
             check(getattr(self, name) > 0, f"{name} must be > 0, got {getattr(self, name)}")
@@ -272,6 +281,7 @@ class MarginalCost:
         if not pull:
             remote += sigma_w_s * (pull_latency_s + prompt * pull_bytes / pull_bytes_per_s)
         w_local = pr.w_local
+        tolerance_s = pr.stall_tolerance_s
         costs = []
         for i in range(len(dec)):
             s = dec[i]
@@ -285,7 +295,8 @@ class MarginalCost:
                 own_s += w_evict * s.evicted_reuse_ratio * compute_s
             # behind the local prefills already queued there; every stream there waits out this one
             ahead_s = s.pending_prefill_tokens * tau_pre_s
-            costs.append(stay[i] + sigma * (w_b * ahead_s + own_s) + w_local * compute_s * s.in_flight)
+            stall_s = compute_s * compute_s / (compute_s + tolerance_s) if tolerance_s > 0.0 else compute_s
+            costs.append(stay[i] + sigma * (w_b * ahead_s + own_s) + w_local * stall_s * s.in_flight)
         local_costs = tuple(costs)
         k = argmin_rotating(local_costs, view.seq)
         if local_costs[k] < remote:
