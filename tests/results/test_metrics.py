@@ -130,3 +130,9 @@ def test_the_share_kept_local_counts_every_request_its_decode_engine_prefilled()
     assert s.local_share == 0.5
     assert "| kept local |" in markdown_table([RunRow("p", 0, s)])
     assert "kept local" not in markdown_table([RunRow("p", 0, summarize([rec(0.1, 0.01)], SLO))])
+
+
+def test_tpot_misses_are_counted_among_completed_requests_whatever_their_ttft() -> None:
+    s = summarize([rec(0.1, 0.05), rec(0.5, 0.05), rec(0.1, 0.01), rec(0.1, 0.1, SloClass.LOOSE)], SLO)
+    # 0.04 tight, 0.12 loose: two tight misses (one also past its TTFT), the loose one within its target
+    assert s.tpot_miss_ratio == 0.5

@@ -9,10 +9,11 @@ cluster of as many engines none of which is set apart for prefill, the plain agg
 request prefilled where it is decoded: ``aggregated``), at the same rate and on the same traces.
 
 The report gives, per cell: each variant's goodput (mean, per-seed median and values, collapsed runs), the
-share of its requests kept local, its P99 TTFT and TPOT (the TPOT of the streams a local prefill delays is
-among them); marginal_cost with local prefill against the best decider and against itself always
-disaggregating, each a paired difference with its interval, n and the median of the per-seed differences,
-and the verdict (a win only where the interval excludes zero and the median agrees).
+share of its requests kept local, its P99 TTFT and TPOT and the share of its requests that missed their TPOT
+target (the streams a local prefill delays are among them); marginal_cost with local prefill against the best
+decider and against itself always disaggregating, each a paired difference with its interval, n and the median
+of the per-seed differences, and the verdict (a win only where the interval excludes zero and the median
+agrees).
 """
 
 from __future__ import annotations
@@ -146,8 +147,8 @@ def _summary(results: list[CellResult]) -> str:
 def _table(c: CellResult) -> str:
     rows = [
         "| variant | goodput mean (median) | per seed | collapsed | kept local | P99 TTFT (s) | P99 TPOT (s) "
-        f"| {OURS} - it: mean [95 %] (median) | verdict |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| TPOT misses | {OURS} - it: mean [95 %] (median) | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label in c.labels():
         runs = sorted((r for r in c.runs if r.label == label), key=lambda r: r.seed)
@@ -155,11 +156,13 @@ def _table(c: CellResult) -> str:
         local = statistics.fmean(r.summary.local_share for r in runs)
         ttft = [r.summary.ttft_p99_s for r in runs if r.summary.ttft_p99_s is not None]
         tpot = [r.summary.tpot_p99_s for r in runs if r.summary.tpot_p99_s is not None]
+        misses = statistics.fmean(r.summary.tpot_miss_ratio for r in runs)
         versus = ("-", "") if label == OURS else _versus(c, label)
         rows.append(
             f"| {label} | {fmt(statistics.fmean(g))} ({fmt(statistics.median(g))}) "
             f"| {' '.join(f'{x:.2f}' for x in g)} | {_collapsed(c, label)} | {100 * local:.0f} % "
             f"| {fmt(statistics.fmean(ttft) if ttft else None, 2)} "
-            f"| {fmt(statistics.fmean(tpot) if tpot else None, 4)} | {versus[0]} | {versus[1]} |"
+            f"| {fmt(statistics.fmean(tpot) if tpot else None, 4)} | {100 * misses:.1f} % "
+            f"| {versus[0]} | {versus[1]} |"
         )
     return "\n".join(rows) + "\n"

@@ -33,6 +33,8 @@ class RunSummary(PicklesByConstructor):
     status_counts: dict[str, int]
     prefix_hit_ratio: float = 0.0
     local_share: float = 0.0  # of the requests, those their decode engine prefilled (RouteDecision.local)
+    # of the completed requests, those whose mean TPOT missed their class's target (whatever their TTFT)
+    tpot_miss_ratio: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -79,6 +81,7 @@ class SummaryAccumulator:
         self._prompt_tokens = 0  # of completed requests
         self._cached_tokens = 0
         self._local = 0
+        self._tpot_misses = 0
 
     def add(self, rec: RequestRecord) -> None:
         self._requests += 1
@@ -102,6 +105,8 @@ class SummaryAccumulator:
             self._prompt_tokens += rec.prompt_tokens
             self._cached_tokens += rec.cached_tokens
             self._good += is_good(rec, self.slo)
+            if tpot > self.slo.tpot_s(rec.slo_class):
+                self._tpot_misses += 1
 
     def summary(self) -> RunSummary:
         n = self._requests
@@ -123,6 +128,7 @@ class SummaryAccumulator:
             status_counts=dict(sorted(counts.items())),
             prefix_hit_ratio=self._cached_tokens / self._prompt_tokens if self._prompt_tokens else 0.0,
             local_share=self._local / n if n else 0.0,
+            tpot_miss_ratio=self._tpot_misses / len(self._tpot) if self._tpot else 0.0,
         )
 
 
