@@ -149,9 +149,9 @@ def test_the_engine_that_decoded_an_answer_holds_it(first: str, hit_blocks: int)
 
 
 def test_two_local_prefills_at_one_instant_each_pay_their_own() -> None:
-    """The second arrives as the first's step is planned: it waits for that step's end, and the first's prefill
-    stays in its step (planning again at the same instant once dropped it: the request ended before the first
-    token the engine had announced for it, and the ledger failed on it)."""
+    """The second arrives as the first's step is planned: it waits for that step's end, and the first's
+    prefill stays in its step (planning again at the same instant once dropped it: the request ended before
+    the first token the engine had announced for it, and the ledger failed on it)."""
     recs = run(
         [
             RequestSpec("a", 1.0, 2 * B + 100, 1, SloClass.TIGHT, (1, 2)),
