@@ -24,6 +24,7 @@ from pathlib import Path
 from calroute.experiments.kit.cells import Cell, CellResult
 from calroute.experiments.kit.report import fmt
 from calroute.experiments.prefix import COLLAPSED, CONVERSATION, TRACE_WINDOWS, verdict
+from calroute.report import plots
 from calroute.routing.variant import Variant
 
 DECIDERS = ("pd_llmd", "pd_dynamo", "pd_vllm_router")
@@ -92,7 +93,7 @@ class LocalPrefill:
         parts = [f"## {self.title}\n", _summary(merged), ""]
         for c in merged:
             parts.append(f"\n### {c.tags['workload']}, {c.tags['shape']} ({c.rate_rps:.2f} req/s)\n")
-            parts.append(_table(c))
+            parts.append(_table(c, exp_dir))
         return "\n".join(parts) + "\n"
 
 
@@ -144,16 +145,18 @@ def _summary(results: list[CellResult]) -> str:
     )
 
 
-def _table(c: CellResult) -> str:
+def _table(c: CellResult, exp_dir: Path) -> str:
     rows = [
         "| variant | goodput mean (median) | per seed | collapsed | kept local | P99 TTFT (s) | P99 TPOT (s) "
         f"| TPOT misses | {OURS} - it: mean [95 %] (median) | verdict |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    points = {}
     for label in c.labels():
         runs = sorted((r for r in c.runs if r.label == label), key=lambda r: r.seed)
         g = [r.summary.goodput for r in runs]
         local = statistics.fmean(r.summary.local_share for r in runs)
+        points[label] = (local, statistics.fmean(g))
         ttft = [r.summary.ttft_p99_s for r in runs if r.summary.ttft_p99_s is not None]
         tpot = [r.summary.tpot_p99_s for r in runs if r.summary.tpot_p99_s is not None]
         misses = statistics.fmean(r.summary.tpot_miss_ratio for r in runs)
@@ -165,4 +168,12 @@ def _table(c: CellResult) -> str:
             f"| {fmt(statistics.fmean(tpot) if tpot else None, 4)} | {100 * misses:.1f} % "
             f"| {versus[0]} | {versus[1]} |"
         )
-    return "\n".join(rows) + "\n"
+    png = plots.scatter(
+        exp_dir / f"{c.cell_key}-local.png",
+        points,
+        "share of requests prefilled on their decode engine",
+        "goodput",
+        f"{c.cell_key}: kept local against goodput",
+        diagonal=False,
+    )
+    return "\n".join(rows) + f"\n\n![{png}](local-prefill/{png})\n"
