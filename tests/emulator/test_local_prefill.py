@@ -44,7 +44,7 @@ def test_a_decode_engine_prefills_locally_on_the_calibrated_curve() -> None:
     async def test(engines: list[RunningEngine], s: aiohttp.ClientSession) -> None:
         (d,) = engines
         took, out = await complete(s, d.url, {"prompt": ids(2048), "max_tokens": 1})
-        assert out["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+        assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
         assert close(took, scale * cal.prefill.single_s(2048)), (took, scale * cal.prefill.single_s(2048))
         assert d.core.stats.prompt_tokens == 2048 and d.core.stats.prefix_hits == 0
 
@@ -74,7 +74,9 @@ def test_a_second_turn_hits_the_first_turns_prompt_and_answer_and_its_blocks_are
                 d.url,
                 {"prompt": first, "max_tokens": answer_tokens, "ignore_eos": True, "return_token_ids": True},
             )
-            assert one["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+            # vLLM 0.32's whole answer: every field of PromptTokenUsageInfo (completions set no creation)
+            details = one["usage"]["prompt_tokens_details"]
+            assert details == {"cached_tokens": 0, "created_cache_tokens": None, "multimodal_tokens": None}
             answer = one["choices"][0]["token_ids"]
             # every token computed is cached (the last answer token is sampled, never fed back): 239 tokens,
             # 14 full blocks, the prompt's 12 and 2 of prompt and answer; published as the steps filled them
@@ -95,9 +97,53 @@ def test_a_second_turn_hits_the_first_turns_prompt_and_answer_and_its_blocks_are
                 usage = json.loads(events[-1].removeprefix(b"data: "))["usage"]
             else:
                 usage = (await complete(s, d.url, second))[1]["usage"]
-            assert usage["prompt_tokens_details"] == {"cached_tokens": 14 * BLOCK_TOKENS}
+            assert usage["prompt_tokens_details"]["cached_tokens"] == 14 * BLOCK_TOKENS
             assert d.core.stats.prefix_hits == 14 * BLOCK_TOKENS
         finally:
             sub.close()
 
     run_group(test, roles=(Role.DECODE,), time_scale=0.05, kv_events=EVENTS)
+
+
+def test_prompt_tokens_details_are_written_as_vllm_writes_them() -> None:
+    """As vLLM 0.32 wrote them on this tier (a 250-token chat prompt, a 128-token block cached, a local
+    request): a whole answer every field, a stream's usage chunk only those set, chat alone setting
+    created_cache_tokens, the prompt's full blocks the prefill added to the cache."""
+    first = ids(40)
+    second = first[:16] + ids(24, 1000)
+
+    async def test(engines: list[RunningEngine], s: aiohttp.ClientSession) -> None:
+        (d,) = engines
+        await complete(s, d.url, {"prompt": first, "max_tokens": 1})
+        for path, body in (
+            ("completions", {"prompt": second}),
+            ("chat/completions", {"messages": [{"role": "user", "content": "hi " * 30}]}),
+        ):
+            chat = path.startswith("chat")
+            for streamed in (False, True):
+                req = {**body, "max_tokens": 2}
+                if streamed:
+                    req |= {"stream": True, "stream_options": {"include_usage": True}}
+                async with s.post(f"{d.url}/v1/{path}", json=req) as r:
+                    assert r.status == 200
+                    if streamed:
+                        lines = [line async for line in r.content if line.startswith(b"data: {")]
+                        details = json.loads(lines[-1].removeprefix(b"data: "))["usage"][
+                            "prompt_tokens_details"
+                        ]
+                    else:
+                        details = (await r.json())["usage"]["prompt_tokens_details"]
+                cached = details["cached_tokens"]
+                # asked twice: the first time what was cached before (completions: the shared first block),
+                # the second its own prompt's full blocks too
+                assert cached == (32 if streamed else 0 if chat else BLOCK_TOKENS), (path, streamed, cached)
+                keys = ["cached_tokens", "created_cache_tokens", "multimodal_tokens"]
+                if streamed:
+                    keys = keys[:2] if chat else keys[:1]
+                assert list(details) == keys, (path, streamed, details)
+                if chat:
+                    assert cached + details["created_cache_tokens"] == 32  # its prompt's 2 full blocks
+                elif not streamed:
+                    assert details["created_cache_tokens"] is None
+
+    run_group(test, roles=(Role.DECODE,), time_scale=0.05)

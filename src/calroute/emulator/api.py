@@ -229,19 +229,40 @@ def parse(body: Any, chat: bool, model_name: str, max_model_len: int) -> Parsed:
 SYSTEM_FINGERPRINT = "calroute-emulator"
 
 
+# What the prefix cache did for a prompt, as vLLM reports it with --enable-prompt-tokens-details: the tokens
+# served from it, and those its prefill added to it (the prompt's full blocks it did not hold before).
+CacheUse = tuple[int, int]
+
+
+def prompt_tokens_details(chat: bool, whole: bool, cache: CacheUse) -> dict[str, Any]:
+    """vLLM 0.32's PromptTokenUsageInfo as each answer writes it: a whole answer all its fields (only chat
+    sets ``created_cache_tokens``), a stream's usage chunk only those set (completions: ``cached_tokens``)."""
+    cached, created = cache
+    if whole:
+        return {
+            "cached_tokens": cached,
+            "created_cache_tokens": created if chat else None,
+            "multimodal_tokens": None,
+        }
+    return {"cached_tokens": cached, "created_cache_tokens": created} if chat else {"cached_tokens": cached}
+
+
 def usage(
-    prompt_tokens: int, completion_tokens: int, details: bool = True, cached_tokens: int | None = None
+    prompt_tokens: int,
+    completion_tokens: int,
+    details: bool = True,
+    prompt_details: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """vLLM's UsageInfo. ``cached_tokens``: the prompt tokens served from the prefix cache, reported as
-    ``prompt_tokens_details`` (vLLM with --enable-prompt-tokens-details; None: the flag is off, and a whole
-    answer says null, a stream's usage chunk nothing)."""
+    """vLLM's UsageInfo. ``prompt_details``: ``prompt_tokens_details`` (vLLM with
+    --enable-prompt-tokens-details; None: the flag is off, and a whole answer says null, a stream's usage
+    chunk nothing)."""
     u: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
     }
-    if cached_tokens is not None:
-        u["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    if prompt_details is not None:
+        u["prompt_tokens_details"] = prompt_details
     elif details:
         u["prompt_tokens_details"] = None
     if details:
@@ -260,7 +281,7 @@ def full_response(
     output_ids: list[int],
     finish_reason: str | None,
     kv_transfer_params: dict[str, Any] | None,
-    cached_tokens: int | None = None,
+    cache: CacheUse | None = None,
 ) -> dict[str, Any]:
     text = tokens.decode(output_ids)
     token_ids = list(output_ids) if p.return_token_ids else None
@@ -304,7 +325,11 @@ def full_response(
         "choices": [choice],
         "service_tier": None,
         "system_fingerprint": SYSTEM_FINGERPRINT,
-        "usage": usage(len(p.prompt_ids), len(output_ids), cached_tokens=cached_tokens),
+        "usage": usage(
+            len(p.prompt_ids),
+            len(output_ids),
+            prompt_details=None if cache is None else prompt_tokens_details(p.chat, True, cache),
+        ),
     }
     if p.chat:
         out.update(prompt_logprobs=None, prompt_token_ids=None, prompt_text=None)
@@ -378,14 +403,15 @@ def usage_chunk(
     model: str,
     created: int,
     completion_tokens: int,
-    cached_tokens: int | None = None,
+    cache: CacheUse | None = None,
 ) -> dict[str, Any]:
+    details = None if cache is None else prompt_tokens_details(p.chat, False, cache)
     return {
         "id": completion_id(p.chat, request_id),
         "object": "chat.completion.chunk" if p.chat else "text_completion",
         "created": created,
         "model": model,
         "choices": [],
-        "usage": usage(len(p.prompt_ids), completion_tokens, details=False, cached_tokens=cached_tokens),
+        "usage": usage(len(p.prompt_ids), completion_tokens, details=False, prompt_details=details),
         "system_fingerprint": SYSTEM_FINGERPRINT,
     }

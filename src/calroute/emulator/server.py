@@ -22,6 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
+from calroute.contract.blocks import BLOCK_TOKENS
 from calroute.emulator import api, tokens
 from calroute.emulator.core import EngineCore
 from calroute.emulator.faults import BAD_ANSWERS, Faults, bad_answer
@@ -165,21 +166,27 @@ class EngineServer:
                     req.output_ids,
                     req.finish_reason,
                     req.kv_transfer_params,
-                    self._cached_tokens(req, kv),
+                    self._cache_use(req, kv),
                 )
             )
         finally:
             if not req.finished:
                 self.core.abort(req)  # the client went away (or we crashed): free the engine's work
 
-    def _cached_tokens(self, req: EngineRequest, kv: dict[str, Any]) -> int | None:
-        """What usage reports as served from the prefix cache (None: not reported). A decode request of
-        the handoff reports its prefill engine's hit, as vLLM's output processor does (the
-        ``remote_prefill_cached_tokens`` of its kv_transfer_params); any other, its own lookup's."""
+    def _cache_use(self, req: EngineRequest, kv: dict[str, Any]) -> api.CacheUse | None:
+        """What usage reports of the prefix cache (None: not reported): the tokens served from it and those
+        the prefill added to it. A decode request of the handoff reports its prefill engine's hit, as vLLM's
+        output processor does (the ``remote_prefill_cached_tokens`` of its kv_transfer_params), and adds
+        nothing (its prompt came whole, from the cache or the pull); any other, its own lookup's, and the
+        prompt's full blocks past it (vLLM's PrefillStats.finalize)."""
         if not self.prompt_tokens_details:
             return None
-        remote = kv.get("remote_prefill_cached_tokens") if kv.get("do_remote_prefill") else None
-        return remote if isinstance(remote, int) and not isinstance(remote, bool) else req.cached_tokens
+        if kv.get("do_remote_prefill"):
+            remote = kv.get("remote_prefill_cached_tokens")
+            if isinstance(remote, int) and not isinstance(remote, bool):
+                return remote, 0
+        cached = req.cached_tokens
+        return cached, max(0, req.prompt_tokens // BLOCK_TOKENS * BLOCK_TOKENS - cached)
 
     async def _stream(
         self,
@@ -217,7 +224,7 @@ class EngineServer:
             if req.finished:
                 if p.include_usage:
                     chunk = api.usage_chunk(
-                        p, request_id, self.model_name, created, n, self._cached_tokens(req, kv)
+                        p, request_id, self.model_name, created, n, self._cache_use(req, kv)
                     )
                     await resp.write(api.sse(chunk))
                 break
