@@ -6,72 +6,26 @@ checked under and its records' label all come from there."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from calroute.costmodel.calibration import Calibration
 from calroute.errors import ConfigError
-from calroute.policies import (
-    aggregated,
-    cache_aware,
-    clairvoyant,
-    kv_overlap_cost,
-    least_loaded,
-    length_heuristic,
-    marginal_cost,
-    pd_dynamo,
-    pd_llmd,
-    pd_vllm_router,
-    power_of_two,
-    prefix_scorer_mix,
-    queue_kv,
-    random_pick,
-    round_robin,
-)
-from calroute.policies.base import RoutingPolicy, parse_params
+from calroute.policies import aggregated, pd_dynamo, pd_llmd, pd_vllm_router
+from calroute.policies.base import RoutingPolicy
+from calroute.policies.catalog import CLAIRVOYANT, PAIR_POLICIES, Registered
 
-
-@dataclass(frozen=True)
-class Registered:
-    """A policy as the registry knows it: its class (whose ``name`` is the policy's one name), its Params
-    dataclass (what a params file, a tuner's search space and --param are checked against), whether it is
-    built with the router's calibration (it prices in seconds), and whether a run's router seeds it (its
-    "seed" parameter, unless given, comes from RouterSeeds.policy: routing/build.py)."""
-
-    cls: type[Any]
-    params: type[Any]
-    priced: bool = False
-    seeded: bool = False
-
-    @property
-    def name(self) -> str:
-        name: str = self.cls.name
-        return name
-
-
-# In the order ``all`` runs them.
+# In the order ``all`` runs them: the pair-choosing policies (policies/catalog.py), then conditional
+# disaggregation, the peers' deciders around an inner policy, which may be priced (docs/policies.md), and
+# never disaggregating; then the simulator-only one.
 POLICIES: dict[str, Registered] = {
     r.name: r
     for r in (
-        Registered(round_robin.RoundRobin, round_robin.Params),
-        Registered(least_loaded.LeastLoaded, least_loaded.Params),
-        Registered(length_heuristic.LengthHeuristic, length_heuristic.Params),
-        Registered(random_pick.RandomPick, random_pick.Params, seeded=True),
-        Registered(power_of_two.PowerOfTwo, power_of_two.Params, seeded=True),
-        Registered(queue_kv.QueueKv, queue_kv.Params),
-        Registered(marginal_cost.MarginalCost, marginal_cost.Params, priced=True),
-        # prefix-aware peers (docs/prefix.md)
-        Registered(prefix_scorer_mix.PrefixScorerMix, prefix_scorer_mix.Params),
-        Registered(kv_overlap_cost.KvOverlapCost, kv_overlap_cost.Params),
-        Registered(cache_aware.CacheAware, cache_aware.Params),
-        # conditional disaggregation, the peers' deciders around an inner policy, which may be priced
-        # (docs/policies.md); and never disaggregating
+        *PAIR_POLICIES,
         Registered(pd_llmd.PdLlmd, pd_llmd.Params, priced=True),
         Registered(pd_dynamo.PdDynamo, pd_dynamo.Params, priced=True),
         Registered(pd_vllm_router.PdVllmRouter, pd_vllm_router.Params, priced=True),
         Registered(aggregated.Aggregated, aggregated.Params, priced=True),
-        # marginal_cost fed the truth (simulator only): perfect inputs to its prices, not a bound
-        Registered(clairvoyant.Clairvoyant, marginal_cost.Params, priced=True),
+        CLAIRVOYANT,
     )
 }
 
@@ -80,9 +34,7 @@ PARAMS: dict[str, type[Any]] = {name: r.params for name, r in POLICIES.items()}
 
 # Policies that only the simulator can run (one that reads what a live router cannot know, the truth):
 # left out of ``all``, and run only when named.
-SIM_ONLY_POLICIES: frozenset[str] = frozenset(
-    name for name, r in POLICIES.items() if getattr(r.cls, "needs_true_state", False)
-)
+SIM_ONLY_POLICIES: frozenset[str] = frozenset(name for name, r in POLICIES.items() if r.sim_only)
 
 
 # Names a policy had before, with the new name and why: asking for one is an error naming the new name, not
@@ -153,10 +105,7 @@ def params_class(name: str) -> type[Any]:
 
 def make_policy(name: str, params: Mapping[str, Any], calibration: Calibration) -> RoutingPolicy:
     """Policy ``name`` with ``params`` (raw values, checked: a bad one is a ConfigError naming it)."""
-    r = registered(name)
-    parsed = parse_params(name, r.params, params)
-    policy: RoutingPolicy = r.cls(parsed, calibration) if r.priced else r.cls(parsed)
-    return policy
+    return registered(name).build(params, calibration)
 
 
 __all__ = [

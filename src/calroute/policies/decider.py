@@ -31,7 +31,8 @@ from typing import Any, ClassVar
 
 from calroute.costmodel.calibration import Calibration
 from calroute.errors import ConfigError
-from calroute.policies.base import check
+from calroute.policies.base import parse_params
+from calroute.policies.catalog import inner_policy, make_inner
 from calroute.types import Admission, ClusterView, InstanceState, RouteDecision, local_decision
 
 
@@ -55,19 +56,7 @@ def parse_inner_params(spec: str) -> dict[str, str]:
 def check_inner(inner: str, inner_params: str) -> None:
     """The inner policy and its parameters, checked as the decider's Params are (a ValueError, which
     parse_params turns into a ConfigError naming the decider)."""
-    # the registry imports the deciders' modules: imported here, when a Params is built, not at import time
-    from calroute.policies import SIM_ONLY_POLICIES, registered
-    from calroute.policies.base import parse_params
-
-    try:
-        r = registered(inner)
-    except ConfigError as e:
-        raise ValueError(f"inner: {e}") from e
-    check(
-        inner not in SIM_ONLY_POLICIES,
-        f"inner: policy {inner!r} runs on the simulator only; a decider wraps a policy a live router can run",
-    )
-    check(not issubclass(r.cls, Decider), f"inner: {inner!r} is a decider; deciders do not nest")
+    r = inner_policy(inner)
     raw = parse_inner_params(inner_params)
     try:
         parse_params(inner, r.params, raw)
@@ -109,10 +98,8 @@ class Decider:
     name: ClassVar[str]
 
     def __init__(self, params: DeciderParams, calibration: Calibration) -> None:
-        from calroute.policies import make_policy  # the registry imports this module
-
         self.params = params
-        self.inner = make_policy(params.inner, parse_inner_params(params.inner_params), calibration)
+        self.inner = make_inner(params.inner, parse_inner_params(params.inner_params), calibration)
         inner: Any = self.inner
         self.reads_engine_samples: bool = bool(inner.reads_engine_samples)
         self.reads_active_blocks: bool = bool(getattr(inner, "reads_active_blocks", False))
