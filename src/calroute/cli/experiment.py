@@ -74,6 +74,13 @@ def experiment(
         typer.Option(help="--executor ray: join the Ray cluster at HOST:PORT instead of starting one"),
     ] = None,
     params_file: Annotated[Path | None, typer.Option("--params", help=PARAMS_HELP)] = None,
+    cell: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="run only this cell (repeatable; its report covers the cells run); an unknown key "
+            "is an error listing the experiment's"
+        ),
+    ] = None,
     kv_capacity_tokens: limits.KvCapacity = None,
     max_model_len: limits.MaxModelLen = None,
     max_batched_tokens: limits.MaxBatchedTokens = None,
@@ -91,6 +98,8 @@ def experiment(
         slo_spec = slo_option(slo)
         given = limits.overrides(kv_capacity_tokens, max_model_len, max_batched_tokens, max_num_seqs)
         names = list(PAPER_EXPERIMENTS) if name == "all" else [get_experiment(name).name]
+        if cell and len(names) > 1:
+            raise ConfigError("--cell names cells of one experiment, not of all")
         experiments = [get_experiment(n) for n in names]
         if params_file is not None:
             experiments = with_params_file(experiments, params_file, quick)
@@ -147,6 +156,7 @@ def experiment(
                     },
                     slo=slo_spec,
                     engine_limits=given,
+                    only_cells=tuple(cell or ()),
                 )
         finally:
             close = getattr(be, "close", None)

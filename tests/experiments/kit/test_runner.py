@@ -6,6 +6,9 @@ import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import pytest
+
+from calroute.errors import ConfigError
 from calroute.experiments.kit.cells import Cell, CellResult, Run, SaturationQuery
 from calroute.experiments.kit.paths import REPO
 from calroute.experiments.kit.runner import Scale, run_experiment
@@ -122,3 +125,46 @@ def test_the_manifest_records_no_absolute_path(tmp_path: Path) -> None:
     assert str(tmp_path) not in text and str(REPO) not in text
     manifest = json.loads(text)
     assert manifest["out"] == ".." and manifest["cells"][0]["workload"] == str(trace.relative_to(REPO))
+
+
+class TwoCells(OneCell):
+    name = "two"
+
+    def cells(self, quick: bool) -> list[Cell]:
+        return [self.cell, Cell("d", 1, 2, "chat", self.cell.variants, rate_rps=2.0)]
+
+
+class LateOnSeedOne(FakeBackend):
+    def run_cell(
+        self,
+        cell: Cell,
+        rate_rps: float,
+        seeds: Sequence[int],
+        requests: int,
+        records_dir: Path,
+        on_run: Callable[[Run], None],
+    ) -> list[Run]:
+        runs = super().run_cell(cell, rate_rps, seeds, requests, records_dir, on_run)
+        return [Run(r.label, r.seed, r.summary, valid=r.seed != 1) for r in runs]
+
+
+def test_only_the_cells_asked_run_and_an_unknown_one_is_named(tmp_path: Path) -> None:
+    exp = TwoCells(Cell("c", 2, 4, "chat", (Variant("round_robin", "round_robin"),), rate_rps=1.0))
+    backend = FakeBackend()
+    (result,) = run_experiment(exp, backend, False, tmp_path, scale=Scale(10, (0,)), only_cells=("d",))
+    assert result.cell_key == "d" and backend.rates == [2.0]
+    with pytest.raises(ConfigError, match=r"--cell: 'e' is no cell of two; its cells: c, d"):
+        run_experiment(exp, FakeBackend(), False, tmp_path, only_cells=("d", "e"))
+
+
+def test_invalid_runs_are_kept_and_named_in_the_report(tmp_path: Path) -> None:
+    cell = Cell("c", 2, 4, "chat", (Variant("round_robin", "round_robin"),), rate_rps=1.0)
+    (result,) = run_experiment(OneCell(cell), LateOnSeedOne(), False, tmp_path, scale=Scale(10, (0, 1, 2)))
+    assert [r.seed for r in result.invalid_runs()] == [1] and len(result.runs) == 3
+    report = (tmp_path / "one" / "report.md").read_text()
+    assert "**Invalid runs**" in report and "- c: round_robin seed 1" in report
+    saved = json.loads((tmp_path / "one" / "results.json").read_text())
+    assert CellResult.from_dict(saved[0]) == result
+    clean = tmp_path / "clean"
+    run_experiment(OneCell(cell), FakeBackend(), False, clean, scale=Scale(10, (0,)))
+    assert "Invalid" not in (clean / "one" / "report.md").read_text()

@@ -90,6 +90,9 @@ class Run:
     summary: RunSummary
     # a live run with a prefix index on KV events: their mean delay from the engine's ts to the index
     kv_event_delay_s: float | None = None
+    # a live run whose load generator fell behind its schedule (the offered load was not the one asked):
+    # kept, and named in the report (invalid_runs_note)
+    valid: bool = True
 
 
 @dataclass(frozen=True)
@@ -110,11 +113,20 @@ class CellResult:
             backend=d["backend"],
             rate_rps=d["rate_rps"],
             runs=tuple(
-                Run(r["label"], r["seed"], RunSummary(**r["summary"]), r.get("kv_event_delay_s"))
+                Run(
+                    r["label"],
+                    r["seed"],
+                    RunSummary(**r["summary"]),
+                    r.get("kv_event_delay_s"),
+                    r.get("valid", True),
+                )
                 for r in d["runs"]
             ),
             tags=d.get("tags", {}),
         )
+
+    def invalid_runs(self) -> list[Run]:
+        return [r for r in self.runs if not r.valid]
 
     def goodputs(self, label: str) -> list[float]:
         return [r.summary.goodput for r in sorted(self.runs, key=lambda r: r.seed) if r.label == label]

@@ -118,7 +118,7 @@ class LiveBackend:
                 f"  warning: {run_dir.name}: the load generator fell behind its schedule "
                 f"(p99 lateness {1e3 * live.lateness_p99_s:.1f} ms); the run is marked invalid"
             )
-        return Run(variant.label, seed, live.summary, live.kv_event_delay_s)
+        return Run(variant.label, seed, live.summary, live.kv_event_delay_s, live.valid)
 
     def saturation_rate(self, query: SaturationQuery) -> float:
         from calroute.costmodel.profiles import profile_from_calibration

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from calroute.costmodel.slo import PAPER, PRESETS, SloSpec
+from calroute.errors import ConfigError
 from calroute.experiments.kit.cells import Cell, CellResult, Experiment, Run, SaturationQuery
 from calroute.experiments.kit.paths import REPO, recorded_paths
 from calroute.results.provenance import git_commit
@@ -100,6 +101,24 @@ def _saturation_queries(cell: Cell, scale: Scale, slo_key: str) -> dict[str, tup
     return out
 
 
+def invalid_runs_note(results: list[CellResult]) -> str:
+    """The live runs whose load generator fell behind its schedule, by cell: their figures are in the tables
+    above, made at an offered load that was not the one asked (empty when there are none)."""
+    lines = [
+        f"- {c.cell_key}: " + ", ".join(f"{r.label} seed {r.seed}" for r in c.invalid_runs())
+        for c in results
+        if c.invalid_runs()
+    ]
+    if not lines:
+        return ""
+    return (
+        "\n**Invalid runs** (the load generator fell behind its schedule: p99 lateness past its bound, so "
+        "the offered load was not the one asked; their figures are in the tables above):\n\n"
+        + "\n".join(lines)
+        + "\n"
+    )
+
+
 def run_experiment(
     exp: Experiment,
     backend: Backend,
@@ -110,14 +129,26 @@ def run_experiment(
     scale: Scale | None = None,
     slo: SloSpec = PRESETS[PAPER],
     engine_limits: Mapping[str, int] | None = None,
+    only_cells: Sequence[str] = (),
 ) -> list[CellResult]:
-    """``slo``: the spec the backend judges by (given to both, the runner keys saved results by it).
+    """``only_cells``: run only the cells of these keys (none: all); an unknown key is a ConfigError naming
+    the experiment's. ``slo``: the spec the backend judges by (given to both, the runner keys saved results
+    by it).
     ``engine_limits``: the limits the backend's engines were given in place of the profile's (the runner keys
     saved results and saturation rates by them too)."""
     limits = dict(sorted((engine_limits or {}).items()))
     exp_dir = out_dir / exp.name
     scale = scale or scale_for(backend.name, quick)
     cells = exp.cells(quick)
+    if only_cells:
+        known = [c.key for c in cells]
+        unknown = [k for k in only_cells if k not in known]
+        if unknown:
+            raise ConfigError(
+                f"--cell: {', '.join(map(repr, unknown))} is no cell of {exp.name}"
+                f"{' --quick' if quick else ''}; its cells: {', '.join(known)}"
+            )
+        cells = [c for c in cells if c.key in only_cells]
     manifest = {
         "experiment": exp.name,
         "title": exp.title,
@@ -223,6 +254,6 @@ def run_experiment(
         _write_json(path, {**result.to_dict(), "definition": definitions[cell.key], "git_commit": commit})
         results.append(result)
     _write_json(exp_dir / "results.json", [r.to_dict() for r in results])
-    section = exp.report(results, exp_dir)
+    section = exp.report(results, exp_dir) + invalid_runs_note(results)
     (exp_dir / "report.md").write_text(section)
     return results
