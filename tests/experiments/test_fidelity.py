@@ -9,7 +9,8 @@ from pathlib import Path
 
 from calroute.cluster.file import ClusterEngine, ClusterFile
 from calroute.costmodel.profiles import get_profile
-from calroute.experiments.fidelity import Fidelity, cluster_limits, paired_residual
+from calroute.experiments.fidelity import Fidelity
+from calroute.experiments.kit.beside import cluster_limits, paired_residual
 from calroute.experiments.kit.cells import CellResult
 from calroute.experiments.kit.sim_backend import SimBackend
 from calroute.types import Role

@@ -4,23 +4,16 @@ Does the simulator pick the live winner, and how far apart are the goodputs? (Th
 the router handed the true backlog, predicted the wrong winner on every workload; section VI.) Cells:
 mixed-bursty with the paper's four policies, and the three prefix families with the prefix-aware peers, all
 on 2P+4D. Run it on a live backend; the simulator half is run when the report is made, from what the live
-half measured: the cluster's calibration, its engines' KV capacity and model length, the same traces (seeds
-and requests), the same SLO spec, and, where the proxy routed on the engines' KV events, the same source
-for the simulated router with the KV-event delay the live proxy measured (its mean over the cell's runs).
+half measured (experiments/kit/beside.py).
 """
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 
-from calroute.cluster.file import ClusterFile
-from calroute.costmodel.calibration import Calibration
-from calroute.costmodel.profiles import EngineLimits, profile_from_calibration
-from calroute.costmodel.slo import SloSpec
+from calroute.experiments.kit.beside import hit_ratio, paired_residual, simulated_twin
 from calroute.experiments.kit.cells import Cell, CellResult, baselines_and_product
-from calroute.experiments.kit.live_backend import LIVE_KV_EVENT_DELAY_S, engine_limits
 from calroute.experiments.kit.report import fmt
 from calroute.experiments.prefix import HOLD_TARGET, PEERS
 from calroute.report import plots
@@ -58,46 +51,10 @@ class Fidelity:
         ]
 
     def _sim(self, live: CellResult, exp_dir: Path) -> CellResult | None:
-        cached = exp_dir / f"sim-{live.cell_key}.json"
-        if cached.exists():
-            return CellResult.from_dict(json.loads(cached.read_text()))
-        shape_dir = exp_dir.parent / "_clusters" / SHAPE
-        cal_path = shape_dir / "calibration.json"
-        if live.backend == "sim" or not cal_path.exists():
-            return None
-        from calroute.experiments.kit.sim_backend import SimBackend
-
         cell = next((c for c in self.cells(False) if c.key == live.cell_key), None)
         if cell is None:
             return None
-        manifest = json.loads((exp_dir / "manifest.json").read_text())
-        # judged as the live half was: by the experiment's SLO spec on the same calibration
-        slo = SloSpec.from_definition(manifest.get("slo") or {"name": "paper"})
-        backend = SimBackend(
-            profile_from_calibration(Calibration.load(cal_path), cluster_limits(shape_dir / "cluster.yaml")),
-            slo,
-            prefix_source="precise" if cell.variants == PREFIX_VARIANTS else "approximate",
-            kv_event_delay_s=measured_delay_s(live) or LIVE_KV_EVENT_DELAY_S,
-        )
-        seeds = live.seeds()
-        requests = live.runs[0].summary.requests
-        runs = backend.run_cell(
-            cell, live.rate_rps, seeds, requests, exp_dir / "sim-records" / cell.key, lambda r: None
-        )
-        result = CellResult(
-            cell.key,
-            "sim",
-            live.rate_rps,
-            tuple(runs),
-            {
-                **cell.tags,
-                "prefix_source": backend.prefix_source,
-                "kv_event_delay_s": backend.kv_event_delay_s,
-                "requests": requests,
-            },
-        )
-        cached.write_text(json.dumps(result.to_dict(), indent=2))
-        return result
+        return simulated_twin(live, cell, exp_dir, SHAPE, precise=cell.variants == PREFIX_VARIANTS)
 
     def report(self, results: list[CellResult], exp_dir: Path) -> str:
         head = f"## {self.title}\n\n"
@@ -149,26 +106,3 @@ class Fidelity:
             f"residual of a policy {fmt(worst)} (paper: 0.068 overall, and its simulator never picked the "
             "live winner).\n\n" + "\n".join(rows) + f"\n\n![{png}]({self.name}/{png})\n"
         )
-
-
-def paired_residual(live: CellResult, sim: CellResult, label: str) -> float:
-    """Mean over the traces both ran of |simulated - live goodput|."""
-    lv = {r.seed: r.summary.goodput for r in live.runs if r.label == label}
-    sv = {r.seed: r.summary.goodput for r in sim.runs if r.label == label}
-    both = sorted(set(lv) & set(sv))
-    return statistics.fmean(abs(sv[s] - lv[s]) for s in both) if both else float("nan")
-
-
-def hit_ratio(cell: CellResult, label: str) -> float:
-    runs = [r for r in cell.runs if r.label == label]
-    return statistics.fmean(r.summary.prefix_hit_ratio for r in runs) if runs else float("nan")
-
-
-def measured_delay_s(live: CellResult) -> float | None:
-    delays = [r.kv_event_delay_s for r in live.runs if r.kv_event_delay_s is not None]
-    return statistics.fmean(delays) if delays else None
-
-
-def cluster_limits(cluster_path: Path) -> EngineLimits:
-    """The live engines' KV capacity and model length, where their cluster file is (else the defaults)."""
-    return engine_limits(ClusterFile.load(cluster_path)) if cluster_path.exists() else EngineLimits()

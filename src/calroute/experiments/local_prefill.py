@@ -21,6 +21,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from calroute.experiments.kit.beside import paired_residual, simulated_twin
 from calroute.experiments.kit.cells import Cell, CellResult
 from calroute.experiments.kit.report import fmt
 from calroute.experiments.prefix import COLLAPSED, CONVERSATION, TRACE_WINDOWS, verdict
@@ -94,7 +95,19 @@ class LocalPrefill:
         for c in merged:
             parts.append(f"\n### {c.tags['workload']}, {c.tags['shape']} ({c.rate_rps:.2f} req/s)\n")
             parts.append(_table(c, exp_dir))
+            twin = self._twin(by_key[c.cell_key], exp_dir)
+            if twin is not None:
+                parts.append(_beside(c, twin))
         return "\n".join(parts) + "\n"
+
+    def _twin(self, live: CellResult, exp_dir: Path) -> CellResult | None:
+        """A live cell's twin on the simulator configured as the live router was (None on the simulator)."""
+        if live.backend == "sim":
+            return None
+        cell = next((c for c in self.cells(False) if c.key == live.cell_key), None)
+        if cell is None:
+            return None
+        return simulated_twin(live, cell, exp_dir, f"{cell.prefill}P{cell.decode}D", precise=True)
 
 
 def _with_aggregated(c: CellResult, agg: CellResult | None) -> CellResult:
@@ -107,6 +120,43 @@ def _with_aggregated(c: CellResult, agg: CellResult | None) -> CellResult:
 def best_decider(c: CellResult) -> str:
     present = [label for label in DECIDER_LABELS if label in c.labels()]
     return max(present, key=c.mean_goodput)
+
+
+def _beside(live: CellResult, sim: CellResult) -> str:
+    """The live cell beside its simulated twin: each variant's goodput and kept-local share on both, the
+    residual, and the comparisons the summary makes, on both."""
+    rows = [
+        "| variant | live goodput (median) | simulator goodput (median) | mean abs residual per trace "
+        "| kept local: live / simulator |",
+        "|---|---|---|---|---|",
+    ]
+    for label in sim.labels():
+        local = [
+            statistics.fmean(r.summary.local_share for r in c.runs if r.label == label) for c in (live, sim)
+        ]
+        rows.append(
+            f"| {label} | {fmt(live.mean_goodput(label))} ({fmt(statistics.median(live.goodputs(label)))}) "
+            f"| {fmt(sim.mean_goodput(label))} ({fmt(statistics.median(sim.goodputs(label)))}) "
+            f"| {fmt(paired_residual(live, sim, label))} | {100 * local[0]:.0f} % / {100 * local[1]:.0f} % |"
+        )
+    delay = sim.tags.get("kv_event_delay_s")
+    lines = []
+    for name, c in (("live", live), ("simulator", sim)):
+        best = best_decider(c)
+        vs_best, vs_always = _versus(c, best), _versus(c, ALWAYS)
+        lines.append(
+            f"- {name}: {OURS} - {best} (the best decider) {vs_best[0]} {vs_best[1]}; "
+            f"- {ALWAYS} {vs_always[0]} {vs_always[1]}"
+        )
+    return (
+        "\nBeside the simulator configured as the live router was (the cluster's calibration and engine "
+        "limits, the same traces and SLO, KV events heard "
+        f"{1e3 * (delay or 0):.1f} ms late):\n\n" + "\n".join(rows) + "\n\n" + "\n".join(lines) + "\n"
+    )
+
+
+def _local_share(c: CellResult, label: str) -> float:
+    return statistics.fmean(r.summary.local_share for r in c.runs if r.label == label)
 
 
 def _collapsed(c: CellResult, label: str) -> int:
