@@ -47,8 +47,9 @@ class FakeSse:
 
     MISBEHAVIOUR = {3: "short", 5: "no-usage", 7: "http-500", 9: "error-event", 11: "stall"}
 
-    def __init__(self, misbehave: bool = False) -> None:
+    def __init__(self, misbehave: bool = False, ids: dict[int, str] | None = None) -> None:
         self.misbehave = misbehave
+        self.ids = ids or {}  # max_tokens -> the X-Request-Id its answer names
         self.bodies: list[dict[str, Any]] = []
         self.slo: list[str | None] = []
         self.received_unix_s: list[float] = []
@@ -64,7 +65,8 @@ class FakeSse:
             return web.json_response({"error": {"message": "engine on fire", "code": 500}}, status=500)
         if mode == "stall":
             await asyncio.sleep(30)
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        named = {"X-Request-Id": self.ids[n]} if n in self.ids else {}
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", **named})
         await resp.prepare(request)
         produced = n - 1 if mode == "short" else n
         chunk = {"id": "cmpl-1", "object": "text_completion", "model": MODEL}
@@ -207,6 +209,20 @@ def test_every_failure_ends_in_one_record_with_its_reason() -> None:
     stall = by_tokens[11]
     assert stall.status is RequestStatus.CANCELLED and stall.error == "no complete answer within 0.5 s"
     assert set(fake.slo) == {None}  # slo_header=False sends no SLO header
+
+
+def test_the_proxys_id_of_each_answer_is_kept_and_a_hostile_one_dropped() -> None:
+    # a proxy names its record of a request in X-Request-Id (what the live harness joins by); an engine or
+    # a proxy answering garbage there must not reach the result
+    ids = {2: "c0ffee01", 3: "a b", 4: "x" * 129, 5: "pfx-0000000000000005"}
+    reqs = specs([0.01 * i for i in range(5)], [2, 3, 4, 5, 6])
+
+    async def go() -> LoadResult:
+        async with serving(FakeSse(ids=ids)) as url:
+            return await drive(url, reqs, MODEL)
+
+    result = asyncio.run(go())
+    assert result.proxy_ids == {"r0": "c0ffee01", "r3": "pfx-0000000000000005"}
 
 
 def test_an_impossible_schedule_is_invalid() -> None:

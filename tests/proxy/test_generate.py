@@ -173,19 +173,22 @@ def test_each_engine_receives_its_handoff_body_and_the_same_request_id(
 ) -> None:
     """Prefill: the client's body with max_tokens 1, no stream, no stream_options / min_tokens, and
     do_remote_decode. Decode: the client's body with the prefill's kv_transfer_params, verbatim, and (on a
-    stream) include_usage. One X-Request-Id on both hops; only trace headers and the engines' own key pass."""
+    stream) include_usage. One X-Request-Id on both hops, and on the client's answer; only trace headers and
+    the engines' own key pass."""
     fakes = FakeCluster(1, 1)
     client_headers = {"traceparent": TRACEPARENT, "Authorization": "Bearer client-secret", "X-Other": "1"}
+    ids = []
 
     async def go() -> ProxyOnFakes:
         async with ProxyOnFakes(fakes, tmp_path, engine_api_key="engine-key-123") as p:
             answer = await p.post(client, path, headers=client_headers)
             assert answer.status == 200, answer.body
+            ids.append(answer.headers["x-request-id"])
         return p
 
     p = run(go())
     (rec,) = settled(p, 1)
-    assert rec.status is RequestStatus.OK
+    assert rec.status is RequestStatus.OK and ids == [rec.request_id]
     (_, pre), (_, dec) = fakes.sent(rec.request_id)
     assert pre.path == dec.path == path
     expected_prefill = {**client, **prefill_changes, "kv_transfer_params": PREFILL_KV_PARAMS}

@@ -27,6 +27,7 @@ from calroute.cluster.file import ClusterFile
 from calroute.contract.handoff import decode_body
 from calroute.policies import POLICIES, Registered
 from calroute.policies.base import healthy
+from calroute.proxy.generate import REQUEST_ID_HEADER
 from calroute.proxy.prefix import CACHED_TOKENS_HEADER
 from calroute.results.records import RequestRecord
 from calroute.types import Admission, ClusterView, RequestStatus, RouteDecision, local_decision
@@ -229,16 +230,20 @@ def test_a_local_request_reaches_its_decode_engine_as_the_client_sent_it(
     engine says what it served from its cache only at the end."""
     fakes = FakeCluster(2, 2)
 
+    ids = []
+
     async def go() -> ProxyOnFakes:
         async with ProxyOnFakes(fakes, tmp_path, policy=keep_local) as p:
             answer = await p.post(client, path)
             assert answer.status == 200 and text_of(answer, bool(client.get("stream")), "chat" in path)
             assert CACHED_TOKENS_HEADER not in answer.headers
+            ids.append(answer.headers[REQUEST_ID_HEADER.lower()])
         return p
 
     p = run(go())
     (rec,) = settled(p, 1)
     assert rec.status is RequestStatus.OK and is_local(rec) and rec.output_tokens == 8
+    assert ids == [rec.request_id]  # the answer names the record it is filed under
     ((engine, sent),) = fakes.sent(rec.request_id)
     assert engine == "decode-0" and sent.path == path
     assert sent.body == decode_body(client, None) and "kv_transfer_params" not in sent.body

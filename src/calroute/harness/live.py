@@ -16,7 +16,7 @@ import json
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -28,7 +28,7 @@ from calroute.errors import CalrouteError
 from calroute.harness.gates import reset_prefix_caches
 from calroute.harness.loadgen import drive
 from calroute.results.metrics import RunSink, RunSummary, SummaryAccumulator, summarize
-from calroute.results.records import RecordWriter, read_records
+from calroute.results.records import RecordWriter, RequestRecord, read_records
 from calroute.routing.seeds import RouterSeeds
 from calroute.routing.variant import Variant
 from calroute.types import RequestSpec, SloClass
@@ -149,6 +149,37 @@ def run_definition(variant: Variant, requests: Sequence[RequestSpec]) -> dict[st
     return {"variant": asdict(variant), "requests": len(requests), "schedule_sha256": digest.hexdigest()}
 
 
+def with_routing(
+    records: Sequence[RequestRecord], proxy_ids: Mapping[str, str], proxy_log: Path
+) -> list[RequestRecord]:
+    """The client's records with what only the proxy knows of each request, from its own record (found by
+    the id its answer named, LoadResult.proxy_ids): the engines it chose, its output-length prediction, the
+    path and why, and on the local path the cached tokens the decode engine reported (the client's header
+    carries the prefill engine's only). Times stay the client's. A request the proxy has no record of keeps
+    the client's record as it is."""
+    if not proxy_ids or not proxy_log.exists():
+        return list(records)
+    by_id = {r.request_id: r for r in read_records(proxy_log)}
+    out = []
+    for rec in records:
+        p = by_id.get(proxy_ids.get(rec.request_id, ""))
+        if p is None:
+            out.append(rec)
+            continue
+        out.append(
+            rec.replace(
+                prefill_id=p.prefill_id,
+                decode_id=p.decode_id,
+                predicted_output_tokens=p.predicted_output_tokens,
+                local_prefill=p.local_prefill,
+                path_reason=p.path_reason,
+                predicted_cached_tokens=p.predicted_cached_tokens,
+                cached_tokens=p.cached_tokens if p.local_prefill else rec.cached_tokens,
+            )
+        )
+    return out
+
+
 def run_variant(
     setup: LiveSetup,
     variant: Variant,
@@ -208,9 +239,10 @@ def run_variant(
         stop_process_group(proxy.pid)
         proxy.wait(timeout=10)
     acc = SummaryAccumulator(setup.calibration.slo)
+    routed = with_routing(result.records, result.proxy_ids, run_dir / "proxy.jsonl")
     with (run_dir / "records.jsonl").open("w") as f:
         sink = RunSink(acc, RecordWriter(f, flush_every=256))
-        for rec in result.records:
+        for rec in routed:
             sink(rec)
     run = LiveRun(acc.summary(), result.valid, result.lateness_p99_s, batches, delay_s)
     tmp = done.with_suffix(".tmp")

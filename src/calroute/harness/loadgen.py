@@ -36,10 +36,11 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -80,6 +81,9 @@ class LoadResult:
     duration_s: float  # run start to the end of the last response
     schedule_s: float  # run start to the last scheduled send
     started_unix_s: float  # wall-clock time of the run start, to line records up with engine logs
+    # request id -> the proxy's id of it (its X-Request-Id answer header): what the proxy's own records are
+    # filed under (harness/live.py joins them); a request the proxy never answered has none
+    proxy_ids: dict[str, str] = field(default_factory=dict)
 
     def lateness_dict(self) -> dict[str, Any]:
         return {
@@ -107,6 +111,10 @@ def request_body(model: str, spec: RequestSpec, index: int, prompt_seed: int) ->
             b',"ignore_eos":true,"temperature":0,"stream":true,"stream_options":{"include_usage":true}}',
         )
     )
+
+
+REQUEST_ID_HEADER = "X-Request-Id"
+_PROXY_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # an answer's header is untrusted: an id, nothing else
 
 
 def _count_header(value: str | None) -> int:
@@ -168,6 +176,7 @@ class _Run:
         self.oracle_header = oracle_header
         n = len(requests)
         self.records: list[RequestRecord | None] = [None] * n
+        self.proxy_ids: dict[str, str] = {}
         self.lateness_s = np.full(n, np.nan)  # NaN: never sent (the run was interrupted first)
         self.done = 0
         self.last_end = t0
@@ -203,6 +212,9 @@ class _Run:
                     status, error = RequestStatus.FAILED, f"HTTP {r.status}: {excerpt[:ERROR_EXCERPT_CHARS]}"
                 else:
                     cached = _count_header(r.headers.get(CACHED_TOKENS_HEADER))
+                    proxy_id = r.headers.get(REQUEST_ID_HEADER)
+                    if proxy_id is not None and _PROXY_ID.fullmatch(proxy_id):
+                        self.proxy_ids[spec.request_id] = proxy_id
                     carry = b""
                     async for chunk in r.content.iter_any():
                         now = loop.time()
@@ -379,4 +391,5 @@ async def drive(
         duration_s=run.last_end - t0,
         schedule_s=max(r.arrival_s for r in requests),
         started_unix_s=started_unix_s,
+        proxy_ids=run.proxy_ids,
     )

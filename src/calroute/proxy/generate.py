@@ -53,6 +53,9 @@ from calroute.types import RequestStatus
 logger = logging.getLogger(__name__)
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+# The proxy's id of an answered request, as vLLM's server names its own: what the request's record and
+# decision log are filed under, so that a client can find them (the live harness joins its records by it).
+REQUEST_ID_HEADER = "X-Request-Id"
 # What the client reads when engines failed it: never which engine, its address or the exception.
 ENGINES_FAILED = "the engines could not serve this request"
 STREAM_BROKE = "the decode engine broke off the stream"
@@ -454,7 +457,7 @@ class Generation:
         if f.local:
             self._local_usage(f, out.get("usage"))
         self._finish(f, RequestStatus.OK, None)
-        return Response(payload, r.status)
+        return Response(payload, r.status, headers={REQUEST_ID_HEADER: f.request_id})
 
     async def _relay_stream(
         self, request: Request, r: EngineAnswer, f: Flight, client_wants_usage: bool
@@ -473,7 +476,9 @@ class Generation:
         if f.stream is None:
             # What the prefill engine served from its cache; on the local path the decode engine says so
             # only at the end, in its usage event (the client's, when asked for).
-            headers = SSE_HEADERS if f.local else {**SSE_HEADERS, CACHED_TOKENS_HEADER: str(f.cached_tokens)}
+            headers = {**SSE_HEADERS, REQUEST_ID_HEADER: f.request_id}
+            if not f.local:
+                headers[CACHED_TOKENS_HEADER] = str(f.cached_tokens)
             try:
                 f.stream = request.stream(200, headers)
             except ConnectionError as e:

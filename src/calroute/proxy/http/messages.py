@@ -71,10 +71,17 @@ class Request:
 class Response:
     """A whole answer."""
 
-    __slots__ = ("body", "content_type", "status")
+    __slots__ = ("body", "content_type", "headers", "status")
 
-    def __init__(self, body: bytes, status: int = 200, content_type: str = "application/json") -> None:
+    def __init__(
+        self,
+        body: bytes,
+        status: int = 200,
+        content_type: str = "application/json",
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         self.body, self.status, self.content_type = body, status, content_type
+        self.headers: Mapping[str, str] = headers or {}
 
 
 def json_response(value: Any, status: int = 200) -> Response:

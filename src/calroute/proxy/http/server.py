@@ -231,8 +231,9 @@ class _Connection(RequestReader, asyncio.Protocol):
 
     def _whole(self, r: Response) -> bytes:
         framing = "" if self.keep_alive else "Connection: close\r\n"
+        extra = "".join(f"{k}: {v}\r\n" for k, v in r.headers.items())
         head = (
-            f"{status_line(r.status)}{self.common_headers()}Content-Type: {r.content_type}\r\n"
+            f"{status_line(r.status)}{self.common_headers()}Content-Type: {r.content_type}\r\n{extra}"
             f"Content-Length: {len(r.body)}\r\n{framing}\r\n"
         )
         return head.encode() + r.body
