@@ -21,7 +21,8 @@ CROSSING_RPS = {"round_robin": 4.0, "least_loaded": 6.0, "cache_aware": 9.0, "ma
 class FakeBackend:
     name = "fake"
 
-    def __init__(self) -> None:
+    def __init__(self, late_seeds: tuple[int, ...] = ()) -> None:
+        self.late_seeds = late_seeds  # runs whose load generator fell behind: invalid
         self.searched: list[str] = []
         self.rates: list[float] = []
 
@@ -40,7 +41,9 @@ class FakeBackend:
     ) -> list[Run]:
         self.rates.append(rate_rps)
         summary = RunSummary(10, 10, 9, 0.9, 0.1, 0.2, 0.01, 0.02, 1.0, 9.0, {"ok": 10})
-        return [Run(v.label, s, summary) for s in seeds for v in cell.variants]
+        return [
+            Run(v.label, s, summary, valid=s not in self.late_seeds) for s in seeds for v in cell.variants
+        ]
 
 
 class OneCell:
@@ -134,20 +137,6 @@ class TwoCells(OneCell):
         return [self.cell, Cell("d", 1, 2, "chat", self.cell.variants, rate_rps=2.0)]
 
 
-class LateOnSeedOne(FakeBackend):
-    def run_cell(
-        self,
-        cell: Cell,
-        rate_rps: float,
-        seeds: Sequence[int],
-        requests: int,
-        records_dir: Path,
-        on_run: Callable[[Run], None],
-    ) -> list[Run]:
-        runs = super().run_cell(cell, rate_rps, seeds, requests, records_dir, on_run)
-        return [Run(r.label, r.seed, r.summary, valid=r.seed != 1) for r in runs]
-
-
 def test_only_the_cells_asked_run_and_an_unknown_one_is_named(tmp_path: Path) -> None:
     exp = TwoCells(Cell("c", 2, 4, "chat", (Variant("round_robin", "round_robin"),), rate_rps=1.0))
     backend = FakeBackend()
@@ -159,7 +148,8 @@ def test_only_the_cells_asked_run_and_an_unknown_one_is_named(tmp_path: Path) ->
 
 def test_invalid_runs_are_kept_and_named_in_the_report(tmp_path: Path) -> None:
     cell = Cell("c", 2, 4, "chat", (Variant("round_robin", "round_robin"),), rate_rps=1.0)
-    (result,) = run_experiment(OneCell(cell), LateOnSeedOne(), False, tmp_path, scale=Scale(10, (0, 1, 2)))
+    late = FakeBackend(late_seeds=(1,))
+    (result,) = run_experiment(OneCell(cell), late, False, tmp_path, scale=Scale(10, (0, 1, 2)))
     assert [r.seed for r in result.invalid_runs()] == [1] and len(result.runs) == 3
     report = (tmp_path / "one" / "report.md").read_text()
     assert "**Invalid runs**" in report and "- c: round_robin seed 1" in report
